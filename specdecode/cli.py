@@ -1,0 +1,125 @@
+"""Command line: `specdecode generate|bench|serve|train`. Flags map onto the config dataclasses here, once.
+User errors print one line and exit 2; nothing else prints a traceback for bad input."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage too)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _quiet_transformers() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
+    from .drafters import registry
+
+    parser.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", default=drafter_default, choices=list(registry()), help="drafting method")
+    parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
+    parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
+    parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
+    parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
+    parser.add_argument("--max-k", type=int, default=12, help="upper bound for adaptive K")
+    parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this draft probability")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig:
+    return SpecConfig(k=args.k, adaptive=args.adaptive, max_k=max(args.max_k, args.k), confidence=args.confidence)
+
+
+def default_dtype(args: argparse.Namespace) -> str:
+    return args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .api import SpecDecoder
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    if not args.prompt.strip():
+        raise ConfigError("the prompt is empty")
+    decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, exit_layer=args.exit_layer,
+                               spec=spec_config(args), device=args.device, dtype=default_dtype(args))
+    pieces, seq = [], None
+    for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
+        pieces.append(chunk.text)
+        if not args.json and chunk.text:
+            print(chunk.text, end="", flush=True)
+    metrics = seq.metrics
+    if args.json:
+        print(json.dumps({"text": "".join(pieces), "new_tokens": metrics.new_tokens,
+                          "target_passes": metrics.target_passes, "tau": round(metrics.tau, 4),
+                          "acceptance_rate": round(metrics.acceptance_rate, 4),
+                          "tokens_per_s": round(metrics.tokens_per_s, 3), "drafter": args.drafter,
+                          "finish_reason": seq.finish_reason, "metrics": metrics.as_dict()}))
+    else:
+        by_pos = " ".join(f"{x:.2f}" for x in metrics.acceptance_by_position) or "-"
+        print(f"\n\n[{args.drafter}] {metrics.new_tokens} tokens, {metrics.target_passes} target passes, "
+              f"tau {metrics.tau:.2f}, acceptance {metrics.acceptance_rate:.2f} (by position: {by_pos}), "
+              f"{metrics.tokens_per_s:.1f} tokens/s; time: prefill {metrics.prefill_s:.2f}s, "
+              f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .api import DEFAULT_DRAFTER
+
+    parser = _Parser(prog="specdecode", description="Lossless speculative decoding for Hugging Face causal LMs")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt, streaming, then print metrics")
+    gen.add_argument("prompt")
+    add_model_args(gen, DEFAULT_DRAFTER)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.set_defaults(func=cmd_generate)
+
+    for name, module in (("bench", "specdecode.bench.cli"), ("serve", "specdecode.server.cli"),
+                         ("train", "specdecode.train.cli"), ("bench-serve", "specdecode.server.bench_cli")):
+        try:
+            register = __import__(module, fromlist=["register"]).register
+        except ImportError:
+            continue
+        register(sub, name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .models import ModelError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _quiet_transformers()
+    try:
+        return args.func(args)
+    except (ConfigError, ModelError) as error:
+        print(f"specdecode: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

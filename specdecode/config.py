@@ -1,0 +1,69 @@
+"""Small frozen configs, one per concern. The CLI maps flags onto these in one place (cli.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error: the CLI prints it as one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How target (p) and draft (q) logits become probabilities. temperature == 0 means greedy.
+
+    The same transform is applied to p and q: lossless rejection sampling needs both to be the
+    distributions actually sampled from.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation length policy: fixed K, or adaptive K in [min_k, max_k] driven by recent acceptance.
+
+    confidence: a model drafter stops drafting early when its top probability falls below it (0 = off).
+    """
+
+    k: int = 5
+    adaptive: bool = False
+    min_k: int = 1
+    max_k: int = 12
+    confidence: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.k <= 0:
+            raise ConfigError(f"k must be a positive integer, got {self.k}")
+        if not 1 <= self.min_k <= self.max_k:
+            raise ConfigError(f"need 1 <= min_k <= max_k, got {self.min_k}, {self.max_k}")
+        if not 0 <= self.confidence < 1:
+            raise ConfigError(f"confidence threshold must be in [0, 1), got {self.confidence}")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """When to stop. stop_strings are matched on decoded text (server `stop`)."""
+
+    max_new_tokens: int = 128
+    stop_on_eos: bool = True
+    stop_strings: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")

@@ -1,0 +1,124 @@
+"""The drafter interface: a Protocol, the Draft value it returns, and the registry that names drafters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from ..config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A tree of proposed tokens rooted at the sequence's pending (last committed, not yet cached) token.
+
+    tokens:  node tokens, len n.
+    parents: parents[i] is the index of node i's parent, -1 for a child of the root; parents[i] < i.
+             A chain of k tokens has parents [-1, 0, 1, ..., k-2].
+    q:       [n, vocab] the distribution node i's token was drawn from (a function of its parent's path),
+             or None when the drafter chose tokens deterministically: verification then treats q as one-hot.
+    An empty draft (n = 0) is a value: the target then decodes one token, i.e. plain decoding.
+    """
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    q: torch.Tensor | None = None  # [n, vocab]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("tokens and parents differ in length")
+        if any(not -1 <= p < i for i, p in enumerate(self.parents)):
+            raise ValueError(f"parents must point to earlier nodes: {self.parents}")
+        if self.q is not None and self.q.shape[0] != len(self.tokens):
+            raise ValueError("q must have one row per node")
+
+    @staticmethod
+    def chain(tokens: Sequence[int], q: torch.Tensor | None = None) -> "Draft":
+        return Draft(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)), q)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Length of the longest root-to-leaf path (k for a chain)."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
+
+@dataclass
+class SequenceContext:
+    """What a drafter may read about one sequence. `tokens` ends with the pending token; the target cache
+    holds KV for tokens[:cache_len] (cache_len == len(tokens) - 1) in row `row`."""
+
+    seq_id: int
+    tokens: list[int]
+    row: int
+    k: int
+    sampling: SamplingConfig
+    generator: torch.Generator
+    state: Any = None  # drafter-private per-sequence state, set in start()
+    hidden: torch.Tensor | None = None  # [n, hidden] target features of the tokens committed last step
+    cache: Any = None  # the target's RollbackCache (row `row` is this sequence's), for self-drafting
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cache_len(self) -> int:
+        return len(self.tokens) - 1
+
+
+class Drafter(Protocol):
+    """Proposes drafts for a batch of sequences and learns from what the target accepted."""
+
+    name: str
+
+    def start(self, seq: SequenceContext) -> None:
+        """A sequence begins (after prefill): set up seq.state."""
+
+    def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
+        """One draft per sequence, of depth at most seq.k."""
+
+    def observe(self, seq: SequenceContext, accepted: int) -> None:
+        """The step committed `accepted` draft tokens plus one target token (already in seq.tokens)."""
+
+    def finish(self, seq: SequenceContext) -> None:
+        """The sequence left the batch: free its resources."""
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Drafter choice and its knobs; each drafter reads the fields it needs."""
+
+    name: str = "prompt-lookup"
+    draft_model: str | None = None  # path or hub id, for draft-model
+    exit_layer: int | None = None  # layer-skip: draft with the first L layers (default: a third of them)
+    max_ngram: int = 3  # prompt-lookup: longest n-gram matched
+    min_ngram: int = 1
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Registry entry: how to build a drafter from the target and its config."""
+
+    name: str
+    build: Callable[..., "Drafter"]  # build(target, DrafterConfig, SpecConfig) -> Drafter
+    help: str
+    needs_draft_model: bool = False
+
+
+class BaseDrafter:
+    """Defaults for drafters that keep no per-sequence state or need no feedback."""
+
+    name = "base"
+
+    def start(self, seq: SequenceContext) -> None:
+        pass
+
+    def observe(self, seq: SequenceContext, accepted: int) -> None:
+        pass
+
+    def finish(self, seq: SequenceContext) -> None:
+        seq.state = None

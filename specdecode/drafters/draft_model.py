@@ -1,0 +1,97 @@
+"""`draft-model`: an independent smaller causal LM with the same tokenizer drafts K tokens autoregressively
+(Leviathan et al. 2023). It keeps its own rollback cache; after each step it re-feeds only the committed
+tokens it has not seen (the longest common prefix with what it cached is kept)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..config import ConfigError, SpecConfig
+from ..models import load_model
+from ..target import Target
+from ..trees import build_block
+from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .model_step import choose
+
+
+@dataclass
+class _State:
+    row: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV the draft cache row holds, in order
+
+
+def same_tokenizer(a, b) -> bool:
+    return a is b or (a.get_vocab() == b.get_vocab())
+
+
+class DraftModel(BaseDrafter):
+    name = "draft-model"
+
+    def __init__(self, draft: Target, target: Target, confidence: float = 0.0):
+        if not same_tokenizer(draft.tokenizer, target.tokenizer):
+            raise ConfigError(
+                "the draft model's tokenizer differs from the target's; cross-tokenizer drafting is not supported"
+            )
+        self.draft, self.vocab, self.confidence = draft, target.vocab_size, confidence
+        self.cache = draft.new_cache(rows=1, capacity=256)
+        self._free: list[int] = []
+        self._rows = 0
+
+    def start(self, seq: SequenceContext) -> None:
+        if not self._free:
+            self._free.append(self._rows)
+            self._rows += 1
+        seq.state = _State(self._free.pop())
+
+    def finish(self, seq: SequenceContext) -> None:
+        if seq.state is not None:
+            self._free.append(seq.state.row)
+        seq.state = None
+
+    def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
+        return [self._draft_one(seq) for seq in seqs]
+
+    def _forward(self, state: _State, new: list[int]) -> torch.Tensor:
+        """Feed `new` after state.cached; returns logits [draft_vocab] after the last of them."""
+        start = len(state.cached)
+        self.cache.ensure(max(self._rows, 1), start + len(new) + 1)
+        block = build_block([start], [new], [list(range(-1, len(new) - 1))], self.draft.pad_id, self.draft.device)
+        out = self.draft.forward(self.cache, [state.row], block, keep="last")
+        state.cached.extend(new)
+        return out.logits[0, -1]
+
+    def _draft_one(self, seq: SequenceContext) -> Draft:
+        if seq.k <= 0:
+            return Draft()
+        state: _State = seq.state
+        keep = 0
+        limit = min(len(state.cached), len(seq.tokens) - 1)
+        while keep < limit and state.cached[keep] == seq.tokens[keep]:
+            keep += 1
+        del state.cached[keep:]
+        logits = self._forward(state, seq.tokens[keep:])
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        while True:
+            token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab)
+            if self.confidence and top < self.confidence:
+                break
+            tokens.append(token)
+            if q is not None:
+                qs.append(q)
+            if len(tokens) == seq.k:
+                break
+            logits = self._forward(state, [token])
+        return Draft.chain(tokens, torch.stack(qs) if qs else None)
+
+
+def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftModel:
+    if not config.draft_model:
+        raise ConfigError("--drafter draft-model needs --draft-model PATH")
+    loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype)
+    return DraftModel(Target(loaded.model, loaded.tokenizer), target, spec.confidence)
+
+
+SPEC = DrafterSpec("draft-model", _build, "an independent smaller LM with the same tokenizer", needs_draft_model=True)

@@ -1,0 +1,16 @@
+"""`none`: no draft at all. Plain autoregressive decoding through the same loop: the baseline."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .base import BaseDrafter, Draft, DrafterSpec, SequenceContext
+
+
+class NoDrafter(BaseDrafter):
+    name = "none"
+
+    def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
+        return [Draft() for _ in seqs]
+
+
+SPEC = DrafterSpec("none", lambda target, config, spec: NoDrafter(), "plain decoding (baseline)")

@@ -1,0 +1,253 @@
+"""The decoding loop: draft -> verify (one target pass) -> commit. Plain decoding is the same loop with an
+empty draft. `Engine.step` is the loop body over a batch; `stream` runs it for one sequence, and the server's
+scheduler runs it for many (sequences join and leave between steps)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from .detok import TextStream
+from .drafters.base import Draft, Drafter, SequenceContext
+from .metrics import GenerationMetrics
+from .sampling import make_generator, probabilities
+from .speculation import SpeculationLength
+from .target import Target
+from .trees import build_block
+from .verify import verify_greedy, verify_sampling
+
+
+@dataclass
+class Sequence:
+    """One request's decoding state."""
+
+    ctx: SequenceContext
+    generation: GenerationConfig
+    length: SpeculationLength
+    metrics: GenerationMetrics
+    prompt_len: int
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ctx.tokens[self.prompt_len :]
+
+
+@dataclass(frozen=True)
+class Result:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: GenerationMetrics
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """What `stream_text` yields: new token ids and the text they completed (may be empty)."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class Engine:
+    target: Target
+    drafter: Drafter
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    max_batch: int = 1
+
+    def __post_init__(self) -> None:
+        self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
+        self._free_rows = list(range(self.max_batch))
+        self._next_id = 0
+
+    # -- admission --------------------------------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], generation: GenerationConfig) -> None:
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        limit = self.target.max_positions
+        if len(prompt_ids) + generation.max_new_tokens > limit:
+            raise ConfigError(
+                f"prompt ({len(prompt_ids)} tokens) + max new tokens ({generation.max_new_tokens}) exceeds the "
+                f"model's context of {limit} tokens"
+            )
+
+    def start(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
+        """Admit a sequence: take a cache row, prefill the prompt (all but its last token), start the drafter."""
+        self.validate(prompt_ids, generation)
+        if not self._free_rows:
+            raise RuntimeError("no free batch row")
+        row = self._free_rows.pop(0)
+        generator = make_generator(sampling.seed, self.target.device)
+        ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
+        self._next_id += 1
+        seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
+        seq.metrics.prompt_tokens = len(prompt_ids)
+        began = time.perf_counter()
+        self.cache.ensure(self.max_batch, len(prompt_ids) + generation.max_new_tokens + 64)
+        if len(prompt_ids) > 1:
+            prefix = prompt_ids[:-1]
+            block = build_block([0], [prefix], [list(range(-1, len(prefix) - 1))], self.target.pad_id, self.target.device)
+            out = self.target.forward(self.cache, [row], block, keep="last", hidden=_needs_hidden(self.drafter))
+            ctx.hidden = None if out.hidden is None else out.hidden[0]
+        self.drafter.start(ctx)
+        seq.metrics.prefill_s = time.perf_counter() - began
+        seq.metrics.total_s += seq.metrics.prefill_s
+        return seq
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence leaves the batch (finished or aborted): free its row and drafter state."""
+        self.drafter.finish(seq.ctx)
+        if seq.ctx.row not in self._free_rows:
+            self._free_rows.append(seq.ctx.row)
+            self._free_rows.sort()
+        if seq.finish_reason is None:
+            seq.finish_reason = "abort"
+
+    # -- the loop body ------------------------------------------------------------------------------------------
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        """One draft -> verify -> commit over a batch; returns each sequence's newly committed tokens."""
+        began = time.perf_counter()
+        for seq in seqs:
+            remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
+            seq.ctx.k = max(0, min(seq.length.k, remaining - 1))
+        drafts = self.drafter.propose([seq.ctx for seq in seqs])
+        drafted = time.perf_counter()
+
+        block = build_block(
+            [seq.ctx.cache_len for seq in seqs],
+            [[seq.ctx.tokens[-1], *draft.tokens] for seq, draft in zip(seqs, drafts)],
+            [[-1, *(p + 1 for p in draft.parents)] for draft in drafts],
+            self.target.pad_id,
+            self.target.device,
+        )
+        self.cache.ensure(self.max_batch, block.kv_len)
+        out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs], block, hidden=_needs_hidden(self.drafter))
+        verdicts = self._verify(seqs, drafts, out.logits)
+        new_tokens = [
+            self._commit(seq, draft, verdict, None if out.hidden is None else out.hidden[b])
+            for b, (seq, draft, verdict) in enumerate(zip(seqs, drafts, verdicts))
+        ]
+        finished = time.perf_counter()
+        for seq in seqs:
+            seq.metrics.draft_s += drafted - began
+            seq.metrics.verify_s += finished - drafted
+            seq.metrics.total_s += finished - began
+        return new_tokens
+
+    def _verify(self, seqs: list[Sequence], drafts: list[Draft], logits: torch.Tensor) -> list:
+        # logits: [b, q, vocab]; row b's first len(draft) + 1 positions are real
+        greedy_rows = [b for b, seq in enumerate(seqs) if seq.ctx.sampling.greedy]
+        argmax = logits[greedy_rows].argmax(dim=-1).tolist() if greedy_rows else []
+        choices = dict(zip(greedy_rows, argmax))
+        verdicts = []
+        for b, (seq, draft) in enumerate(zip(seqs, drafts)):
+            n = len(draft)
+            if b in choices:
+                verdicts.append(verify_greedy(draft.tokens, draft.parents, choices[b][: n + 1]))
+            else:
+                p = probabilities(logits[b, : n + 1], seq.ctx.sampling)  # [n + 1, vocab]
+                q = None if draft.q is None else draft.q.to(p.device, torch.float32)
+                verdicts.append(verify_sampling(draft.tokens, draft.parents, q, p, seq.ctx.generator))
+        return verdicts
+
+    def _commit(self, seq: Sequence, draft: Draft, verdict, hidden: torch.Tensor | None) -> list[int]:
+        ctx = seq.ctx
+        path_in_block = [node + 1 for node in verdict.accepted]  # block index 0 is the root
+        self.cache.compact(ctx.row, [ctx.cache_len + i for i in path_in_block], ctx.cache_len + 1)
+        tokens = [draft.tokens[node] for node in verdict.accepted] + [verdict.next_token]
+        tokens = self._apply_stops(seq, tokens)
+        if hidden is not None:
+            ctx.hidden = hidden[[0, *path_in_block]]  # [accepted + 1, hidden]
+        ctx.tokens.extend(tokens)
+        seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens))
+        seq.length.update(draft.depth, len(verdict.accepted))
+        if not seq.finished:
+            self.drafter.observe(ctx, len(verdict.accepted))
+        return tokens
+
+    def _apply_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """Cut the committed tokens at the first EOS (kept, like transformers) or at the length budget."""
+        if seq.generation.stop_on_eos:
+            for i, token in enumerate(tokens):
+                if token in self.target.eos_ids:
+                    tokens, seq.finish_reason = tokens[: i + 1], "eos"
+                    break
+        remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
+        if len(tokens) >= remaining:
+            if len(tokens) > remaining or seq.finish_reason is None:
+                seq.finish_reason = "length"
+            tokens = tokens[:remaining]
+        return tokens
+
+    # -- one sequence ---------------------------------------------------------------------------------------------
+    def stream(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
+               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, list[int]]]:
+        """Decode one sequence; yields (sequence, new token ids) after every step."""
+        seq = self.start(prompt_ids, sampling or SamplingConfig(), generation or GenerationConfig())
+        try:
+            while not seq.finished:
+                (tokens,) = self.step([seq])
+                yield seq, tokens
+        finally:
+            self.release(seq)
+
+    def stream_text(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
+                    generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, TextChunk]]:
+        """stream() plus detokenisation and stop strings (the stop string itself is not emitted)."""
+        generation = generation or GenerationConfig()
+        text = StopText(self.target.tokenizer, generation.stop_strings)
+        for seq, tokens in self.stream(prompt_ids, sampling, generation):
+            delta, stopped = text.push(tokens, final=seq.finished)
+            if stopped:
+                seq.finish_reason = "stop"
+            yield seq, TextChunk(tokens, delta)
+            if stopped:
+                return
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
+                 generation: GenerationConfig | None = None) -> Result:
+        pieces, seq = [], None
+        for seq, chunk in self.stream_text(prompt_ids, sampling, generation):
+            pieces.append(chunk.text)
+        assert seq is not None
+        return Result(seq.output_ids, "".join(pieces), seq.finish_reason or "length", seq.metrics)
+
+
+class StopText:
+    """Detokenise incrementally and cut at the first stop string; holds back text that could begin one."""
+
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...]):
+        self.stream = TextStream(tokenizer)
+        self.stops = tuple(s for s in stop_strings if s)
+        self.pending = ""
+
+    def push(self, tokens: list[int], final: bool) -> tuple[str, bool]:
+        if self.stream.tokenizer is None:  # token-level use (tiny test models): no text
+            return "", False
+        self.pending += self.stream.push(tokens)
+        if final:
+            self.pending += self.stream.flush()
+        cut = min((self.pending.find(s) for s in self.stops if s in self.pending), default=-1)
+        if cut >= 0:
+            out, self.pending = self.pending[:cut], ""
+            return out, True
+        hold = 0 if final else max((len(s) - 1 for s in self.stops), default=0)
+        hold = min(hold, len(self.pending))
+        # hold back only a tail that is a prefix of some stop string
+        while hold and not any(s.startswith(self.pending[-hold:]) for s in self.stops):
+            hold -= 1
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(self.pending) - hold :]
+        return out, False
+
+
+def _needs_hidden(drafter: Drafter) -> bool:
+    return bool(getattr(drafter, "needs_hidden", False))
