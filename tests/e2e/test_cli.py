@@ -1,0 +1,94 @@
+"""CLI: bad input gets one line on stderr and exit code 2; --json prints one object with the metrics."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdecode.cli import main
+
+from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdecode", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def short_context_dir(tmp_path_factory) -> str:
+    return save_tiny(tmp_path_factory.mktemp("short"), tiny_llama(max_positions=64), byte_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_dir(tmp_path_factory) -> str:
+    """Same vocabulary size, different token ids: the tokenizers differ."""
+    tokenizer = byte_tokenizer()
+    vocab = tokenizer.get_vocab()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    swapped = {tok: (len(vocab) - 1 - i if i > 2 else i) for tok, i in vocab.items()}
+    core = Tokenizer(models.BPE(vocab=swapped, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    other = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return save_tiny(tmp_path_factory.mktemp("other-tok"), tiny_llama(layers=1, seed=3), other)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "--k", "0", "hi"], "k must be a positive integer"),
+    (["generate", "--temperature", "-0.5", "hi"], "temperature must be >= 0"),
+    (["generate", ""], "the prompt is empty"),
+    (["generate", "   "], "the prompt is empty"),
+    (["generate", "--model", "/no/such/model", "hi"], "model not found"),
+    (["generate", "--drafter", "nope", "hi"], "invalid choice"),
+    (["generate", "--top-p", "0", "hi"], "top-p"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle, capsys):
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], stderr
+
+
+def test_bad_input_in_a_real_process():
+    proc = run_cli("generate", "--k", "-3", "hi")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "specdecode: error: k must be a positive integer, got -3"
+
+
+def test_prompt_longer_than_context(short_context_dir, capsys):
+    assert main(["generate", "--model", short_context_dir, "--max-new-tokens", "8", "x" * 80]) == 2
+    stderr = capsys.readouterr().err.strip()
+    assert "exceeds the model's context of 64 tokens" in stderr and len(stderr.splitlines()) == 1
+
+
+def test_mismatched_tokenizers(tiny_model_dir, other_tokenizer_dir, capsys):
+    code = main(["generate", "--model", tiny_model_dir, "--drafter", "draft-model", "--draft-model",
+                 other_tokenizer_dir, "hello"])
+    if code == 0:  # cross-tokenizer drafting handles it (the draft switched paths)
+        return
+    stderr = capsys.readouterr().err.strip()
+    assert code == 2 and "tokenizer" in stderr and len(stderr.splitlines()) == 1
+
+
+def test_json_output_on_tiny_model(tiny_model_dir):
+    proc = run_cli("generate", "--model", tiny_model_dir, "--json", "--max-new-tokens", "16", "--chat",
+                   "abc abc abc abc")
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(proc.stdout)
+    for key in ("text", "new_tokens", "target_passes", "tau", "acceptance_rate", "tokens_per_s"):
+        assert key in payload
+    assert payload["new_tokens"] <= 16 and payload["target_passes"] >= 1
+
+
+def test_streaming_text_then_metrics(tiny_model_dir, capsys):
+    assert main(["generate", "--model", tiny_model_dir, "--max-new-tokens", "12", "--drafter", "none", "abc"]) == 0
+    stdout = capsys.readouterr().out
+    assert "target passes" in stdout and "tau 1.00" in stdout

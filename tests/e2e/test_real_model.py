@@ -1,0 +1,80 @@
+"""The real default model (SmolLM2-135M-Instruct): every drafter's greedy output equals transformers' plain
+greedy output on prompts of different kinds, and prompt lookup speeds up a repeat-the-passage prompt (tau)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode.api import SpecDecoder
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter, registry
+from specdecode.engine import Engine
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = {
+    "code": "Write a Python function is_prime(n) that returns True when n is prime.",
+    "chat": "Hi! Can you suggest three names for a friendly golden retriever puppy?",
+    "summarise": (
+        "Summarise this passage in two sentences: The town library reopened on Monday after a year of repairs. "
+        "The roof no longer leaks, the reading room has new lamps, and a children's corner now fills the old "
+        "storage space. Volunteers moved forty thousand books back onto the shelves in a single weekend."
+    ),
+}
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def chat_ids(default_model):
+    tokenizer = default_model.tokenizer
+    out = {}
+    for key, text in PROMPTS.items():
+        encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True)
+        out[key] = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    return out
+
+
+@pytest.fixture(scope="module")
+def references(default_model, chat_ids):
+    model = default_model.model
+    refs = {}
+    for key, ids in chat_ids.items():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        refs[key] = out[0, len(ids):].tolist()
+    return refs
+
+
+@pytest.fixture(scope="module")
+def small_draft_dir(tmp_path_factory, default_model):
+    """A real smaller model with the same tokenizer: the default model's first 8 layers, saved as a HF dir."""
+    from transformers import AutoModelForCausalLM
+
+    config = default_model.model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["num_hidden_layers"] = 8
+    config = type(default_model.model.config).from_dict(config)
+    small = AutoModelForCausalLM.from_config(config)
+    small.load_state_dict(default_model.model.state_dict(), strict=False)
+    directory = tmp_path_factory.mktemp("smol-8-layers")
+    small.save_pretrained(directory)
+    default_model.tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["none"])
+def test_real_greedy_equals_plain(name, default_target, chat_ids, references, small_draft_dir):
+    spec = SpecConfig(k=4)
+    config = DrafterConfig(name=name, draft_model=small_draft_dir if registry()[name].needs_draft_model else None)
+    engine = Engine(default_target, build_drafter(default_target, config, spec), spec)
+    for key, ids in chat_ids.items():
+        result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == references[key], f"{name} diverged from plain greedy on the {key} prompt"
+
+
+def test_prompt_lookup_tau_on_repeat_prompt(default_model):
+    decoder = SpecDecoder.load(drafter="prompt-lookup")
+    passage = ("The river rose slowly through the night, and by morning the old stone bridge stood alone in "
+               "a wide brown lake, its arches half hidden under the moving water.")
+    result = decoder.generate(f"Repeat the following passage exactly:\n{passage}", chat=True, max_new_tokens=64)
+    assert result.metrics.tau > 1.5, result.metrics.as_dict()

@@ -1,0 +1,44 @@
+"""Builders for tiny random-initialised models and an offline byte-level tokenizer (no downloads)."""
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer without merges: 256 byte tokens + <pad>, <s>, </s>. Round-trips any text."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for char in sorted(alphabet):
+        vocab[char] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_llama(vocab_size: int = 259, layers: int = 4, hidden: int = 64, seed: int = 0, std: float = 0.3,
+               max_positions: int = 1024, eos_token_id: int | None = 2) -> LlamaForCausalLM:
+    """A random Llama whose logits are peaked enough (std) that fp32 argmax ties are unlikely."""
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        pad_token_id=0, bos_token_id=1, eos_token_id=eos_token_id, initializer_range=std, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    return model.eval()
+
+
+def save_tiny(directory, model, tokenizer) -> str:
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)

@@ -1,0 +1,50 @@
+"""Temperature, top-k and top-p transforms, and adaptive K."""
+import pytest
+import torch
+
+from specdecode.config import ConfigError, SamplingConfig, SpecConfig
+from specdecode.sampling import probabilities
+from specdecode.speculation import SpeculationLength
+
+
+def test_top_k_keeps_k_largest():
+    logits = torch.tensor([1.0, 3.0, 2.0, 0.0])
+    probs = probabilities(logits, SamplingConfig(temperature=1.0, top_k=2))
+    assert probs[0] == 0 and probs[3] == 0
+    assert torch.allclose(probs[1:3], torch.tensor([3.0, 2.0]).softmax(0))
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p():
+    probs_in = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    probs = probabilities(probs_in.log(), SamplingConfig(temperature=1.0, top_p=0.8))
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    probs = probabilities(probs_in.log(), SamplingConfig(temperature=1.0, top_p=0.81))
+    assert probs[2] > 0 and probs[3] == 0
+
+
+def test_temperature_sharpens():
+    logits = torch.tensor([1.0, 2.0])
+    cold = probabilities(logits, SamplingConfig(temperature=0.5))
+    assert torch.allclose(cold, torch.tensor([2.0, 4.0]).softmax(0))
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1)])
+def test_bad_sampling_config(kwargs):
+    with pytest.raises(ConfigError):
+        SamplingConfig(**kwargs)
+
+
+def test_adaptive_k_follows_acceptance():
+    length = SpeculationLength(SpecConfig(k=4, adaptive=True, min_k=1, max_k=7))
+    length.update(drafted=4, accepted=4)
+    assert length.k == 6
+    length.update(drafted=6, accepted=6)
+    assert length.k == 7  # capped
+    length.update(drafted=7, accepted=2)
+    assert length.k == 6
+    for _ in range(10):
+        length.update(drafted=length.k, accepted=0)
+    assert length.k == 1
+    fixed = SpeculationLength(SpecConfig(k=4))
+    fixed.update(drafted=4, accepted=4)
+    assert fixed.k == 4
