@@ -13,6 +13,7 @@ import torch
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import DrafterConfig, build_drafter
 from .engine import Engine, Result, Sequence, TextChunk
+from .fast import FastPathConfig
 from .models import load_model
 from .target import Target
 
@@ -29,16 +30,18 @@ class SpecDecoder:
     @classmethod
     def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
              exit_layer: int | None = None, spec: SpecConfig | None = None, device: str = "cpu",
-             dtype: str = "float32", max_batch: int = 1) -> "SpecDecoder":
+             dtype: str = "float32", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
         spec = spec or SpecConfig()
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
         loaded = load_model(model, device=device, dtype=dtype)
-        target = Target(loaded.model, loaded.tokenizer)
+        target = Target(loaded.model, loaded.tokenizer, fast)
         drafter_impl = build_drafter(
             target, DrafterConfig(name=drafter, draft_model=draft_model, exit_layer=exit_layer), spec
         )
-        return cls(target, Engine(target, drafter_impl, spec, max_batch=max_batch))
+        engine = Engine(target, drafter_impl, spec, max_batch=max_batch)
+        engine.warmup()
+        return cls(target, engine)
 
     @property
     def tokenizer(self):

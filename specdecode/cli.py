@@ -38,10 +38,19 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this draft probability")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig:
     return SpecConfig(k=args.k, adaptive=args.adaptive, max_k=max(args.max_k, args.k), confidence=args.confidence)
+
+
+def fast_config(args: argparse.Namespace):
+    from .fast import FastPathConfig
+
+    enabled = args.compile if args.compile is not None else str(args.device).startswith("cuda")
+    return FastPathConfig(enabled=enabled)
 
 
 def default_dtype(args: argparse.Namespace) -> str:
@@ -56,7 +65,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise ConfigError("the prompt is empty")
     decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, exit_layer=args.exit_layer,
-                               spec=spec_config(args), device=args.device, dtype=default_dtype(args))
+                               spec=spec_config(args), device=args.device, dtype=default_dtype(args),
+                               fast=fast_config(args))
     pieces, seq = [], None
     for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
         pieces.append(chunk.text)
@@ -97,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     for name, module in (("bench", "specdecode.bench.cli"), ("serve", "specdecode.server.cli"),
-                         ("train", "specdecode.train.cli"), ("bench-serve", "specdecode.server.bench_cli")):
+                         ("train", "specdecode.train.cli"), ("bench-serve", "specdecode.server.bench_cli"),
+                         ("bench-fastpath", "specdecode.bench.fastpath")):
         try:
             register = __import__(module, fromlist=["register"]).register
         except ImportError:

@@ -11,7 +11,7 @@ import torch
 
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from .detok import TextStream
-from .drafters.base import Draft, Drafter, SequenceContext
+from .drafters.base import AuxBranch, Draft, Drafter, SequenceContext
 from .metrics import GenerationMetrics
 from .sampling import make_generator, probabilities
 from .speculation import SpeculationLength
@@ -68,6 +68,14 @@ class Engine:
         self._free_rows = list(range(self.max_batch))
         self._next_id = 0
 
+    def warmup(self) -> None:
+        """Fast path: compile every fixed-shape step the drafter can ask for before anything is timed."""
+        nodes = getattr(self.drafter, "max_nodes", self.spec.max_k if self.spec.adaptive else self.spec.k)
+        self.target.warmup(self.cache, nodes + 1)
+        exit_layer = getattr(self.drafter, "exit_layer", None)
+        if exit_layer:
+            self.target.warmup(self.cache, 1, num_layers=exit_layer)
+
     # -- admission --------------------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], generation: GenerationConfig) -> None:
         if not prompt_ids:
@@ -91,25 +99,35 @@ class Engine:
         seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
         seq.metrics.prompt_tokens = len(prompt_ids)
         began = time.perf_counter()
-        self.cache.ensure(self.max_batch, len(prompt_ids) + generation.max_new_tokens + 64)
-        if len(prompt_ids) > 1:
-            prefix = prompt_ids[:-1]
-            block = build_block([0], [prefix], [list(range(-1, len(prefix) - 1))], self.target.pad_id, self.target.device)
-            out = self.target.forward(self.cache, [row], block, keep="last", hidden=_needs_hidden(self.drafter))
-            ctx.hidden = None if out.hidden is None else out.hidden[0]
-        self.drafter.start(ctx)
+        try:
+            self.cache.ensure(self.max_batch, len(prompt_ids) + generation.max_new_tokens + 64)
+            if len(prompt_ids) > 1:
+                prefix = prompt_ids[:-1]
+                block = build_block([0], [prefix], [list(range(-1, len(prefix) - 1))], self.target.pad_id,
+                                    self.target.device)
+                out = self.target.forward(self.cache, [row], block, keep="last", hidden=_needs_hidden(self.drafter))
+                ctx.hidden = None if out.hidden is None else out.hidden[0]
+            self.drafter.start(ctx)
+        except BaseException:  # a failed admission must not leak its row (the server keeps serving)
+            self._free_row(row)
+            raise
         seq.metrics.prefill_s = time.perf_counter() - began
         seq.metrics.total_s += seq.metrics.prefill_s
         return seq
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves the batch (finished or aborted): free its row and drafter state."""
-        self.drafter.finish(seq.ctx)
-        if seq.ctx.row not in self._free_rows:
-            self._free_rows.append(seq.ctx.row)
+        try:
+            self.drafter.finish(seq.ctx)
+        finally:  # the row is freed even when the drafter's cleanup raises
+            self._free_row(seq.ctx.row)
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+
+    def _free_row(self, row: int) -> None:
+        if row not in self._free_rows:
+            self._free_rows.append(row)
             self._free_rows.sort()
-        if seq.finish_reason is None:
-            seq.finish_reason = "abort"
 
     # -- the loop body ------------------------------------------------------------------------------------------
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
@@ -123,13 +141,16 @@ class Engine:
 
         block = build_block(
             [seq.ctx.cache_len for seq in seqs],
-            [[seq.ctx.tokens[-1], *draft.tokens] for seq, draft in zip(seqs, drafts)],
-            [[-1, *(p + 1 for p in draft.parents)] for draft in drafts],
+            [[seq.ctx.tokens[-1], *draft.tokens, *_aux(draft).tokens] for seq, draft in zip(seqs, drafts)],
+            [_block_parents(draft) for draft in drafts],
             self.target.pad_id,
             self.target.device,
         )
         self.cache.ensure(self.max_batch, block.kv_len)
         out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs], block, hidden=_needs_hidden(self.drafter))
+        for b, (seq, draft) in enumerate(zip(seqs, drafts)):
+            if draft.aux:  # aux nodes sit after the root and the n draft nodes
+                self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])
         verdicts = self._verify(seqs, drafts, out.logits)
         new_tokens = [
             self._commit(seq, draft, verdict, None if out.hidden is None else out.hidden[b])
@@ -247,6 +268,18 @@ class StopText:
         out = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(self.pending) - hold :]
         return out, False
+
+
+def _aux(draft: Draft) -> AuxBranch:
+    return draft.aux or AuxBranch()
+
+
+def _block_parents(draft: Draft) -> list[int]:
+    """Parents in block indices: 0 is the root, 1..n the draft nodes, then the aux nodes (an aux node whose
+    parent is the root hangs off index 0, so it sees the prefix and the root but no draft node)."""
+    n = len(draft)
+    aux = [0 if p < 0 else 1 + n + p for p in _aux(draft).parents]
+    return [-1, *(p + 1 for p in draft.parents), *aux]
 
 
 def _needs_hidden(drafter: Drafter) -> bool:

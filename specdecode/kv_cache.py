@@ -26,6 +26,9 @@ class _SlotLayer(CacheLayerMixin):
         self.keys = key_states.new_zeros((rows, key_states.shape[1], capacity, key_states.shape[3]))
         self.values = value_states.new_zeros((rows, value_states.shape[1], capacity, value_states.shape[3]))
         self.is_initialized = True
+        if self.owner.static:  # CUDA graphs mutate these in place: their addresses must not change
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # key_states: [b, kv_heads, q, head_dim]
@@ -50,18 +53,26 @@ class _SlotLayer(CacheLayerMixin):
             new = old.new_zeros((rows, old.shape[1], capacity, old.shape[3]))
             new[: old.shape[0], :, : old.shape[2]] = old
             setattr(self, name, new)
+            if self.owner.static:
+                torch._dynamo.mark_static_address(new)
 
 
 class RollbackCache(Cache):
     """transformers `Cache` over preallocated slot buffers; see the module docstring."""
 
-    def __init__(self, num_layers: int, rows: int = 1, capacity: int = 256):
+    def __init__(self, num_layers: int, rows: int = 1, capacity: int = 256, static: bool = False):
+        self.static = static  # fast path: attention always reads all `capacity` slots (fixed shapes)
         self.num_rows = rows
         self.capacity = capacity
         self.kv_len = 0
         self._rows: slice | torch.Tensor = slice(0, rows)
         self._slots: int | torch.Tensor = 0
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+
+    @property
+    def device(self) -> torch.device:
+        first = self.layers[0]
+        return first.keys.device if first.is_initialized else torch.device("cpu")
 
     # -- sizing ---------------------------------------------------------------------------------------------
     def ensure(self, rows: int, capacity: int) -> None:
@@ -81,8 +92,10 @@ class RollbackCache(Cache):
         kv_len: how many slots attention reads (the mask's last dimension)."""
         if kv_len > self.capacity:
             raise ValueError(f"KV cache overflow: need {kv_len} slots, have {self.capacity}")
+        if self.static and kv_len != self.capacity:
+            raise ValueError("a static cache is read whole: kv_len must equal its capacity")
         contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
-        self._rows = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows)
+        self._rows = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=self.device)
         self._slots = slots
         self.kv_len = kv_len
 
@@ -95,17 +108,21 @@ class RollbackCache(Cache):
                 layer.keys[rows, :, slots : slots + q] = keys
                 layer.values[rows, :, slots : slots + q] = values
             else:
-                index = torch.arange(slots, slots + q)
+                index = torch.arange(slots, slots + q, device=keys.device)
                 layer.keys[rows[:, None], :, index[None, :]] = keys.transpose(1, 2)
                 layer.values[rows[:, None], :, index[None, :]] = values.transpose(1, 2)
         else:
-            row_index = (torch.arange(layer.keys.shape[0])[rows] if isinstance(rows, slice) else rows)[:, None]
-            slots = slots.to(row_index.device)
+            if isinstance(rows, slice):
+                row_index = torch.arange(rows.start, rows.stop, device=keys.device)[:, None]
+            else:
+                row_index = rows[:, None]
+            slots = slots.to(keys.device)
             layer.keys[row_index, :, slots] = keys.transpose(1, 2)
             layer.values[row_index, :, slots] = values.transpose(1, 2)
         return layer.keys[rows, :, : self.kv_len], layer.values[rows, :, : self.kv_len]
 
     # -- after verification ---------------------------------------------------------------------------------
+    @torch.inference_mode()  # the buffers were made by forwards under inference mode
     def compact(self, row: int, source_slots: list[int], first_slot: int) -> None:
         """Move the KV of `source_slots` (an accepted tree path) to first_slot, first_slot+1, ... in one row."""
         if source_slots == list(range(first_slot, first_slot + len(source_slots))):

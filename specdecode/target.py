@@ -8,8 +8,9 @@ from typing import Iterator
 
 import torch
 
+from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
-from .trees import Block
+from .trees import Block, build_block
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,15 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
 class Target:
     """The model being decoded (also used by drafters that run a model: draft-model, layer-skip)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None):
+    def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.fast = fast or FastPathConfig()
+        self._step_fn = model
+        if self.fast.enabled and self.fast.compile:
+            raise_recompile_limits()
+            options = {"mode": self.fast.mode_for(next(model.parameters()).device)} if self.fast.backend == "inductor" else {}
+            self._step_fn = torch.compile(model, backend=self.fast.backend, dynamic=False, **options)
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = config
         self.num_layers: int = config.num_hidden_layers
@@ -43,6 +50,9 @@ class Target:
         self.pad_id: int = pad if isinstance(pad, int) else (min(self.eos_ids) if self.eos_ids else 0)
 
     def new_cache(self, rows: int = 1, capacity: int = 256, num_layers: int | None = None) -> RollbackCache:
+        if self.fast.enabled:
+            return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=max(capacity, self.fast.capacity),
+                                 static=True)
         return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=capacity)
 
     @torch.inference_mode()
@@ -55,9 +65,21 @@ class Target:
         hidden: bool = False,
         num_layers: int | None = None,  # run only the first num_layers decoder layers (layer skip)
     ) -> ForwardOutput:
-        cache.prepare(rows, block.uniform_start if block.uniform_start is not None else block.slots, block.kv_len)
+        fn, q = self.model, block.input_ids.shape[1]
+        if cache.static:
+            bucket = bucket_for(q, self.fast.buckets)
+            cache.ensure(cache.num_rows, max(block.slots.max().item() + 1 + (bucket or q) - q, cache.capacity))
+            block = pad_block(block, bucket or q, cache.capacity, self.pad_id)
+            # fixed-shape steps are compiled; prefill and the very first write (which allocates the cache
+            # buffers, whose addresses CUDA graphs must see as static) stay eager
+            if bucket is not None and keep == "all" and cache.layers[0].is_initialized:
+                fn = self._step_fn
+        slots = block.uniform_start if block.uniform_start is not None else block.slots
+        cache.prepare(rows, slots, block.kv_len)
+        if fn is not self.model and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
         with self._truncated(num_layers):
-            out = self.model(
+            out = fn(
                 input_ids=block.input_ids,
                 position_ids=block.positions,
                 attention_mask=block.mask,
@@ -66,7 +88,19 @@ class Target:
                 logits_to_keep=1 if keep == "last" else 0,
                 output_hidden_states=hidden,
             )
-        return ForwardOutput(out.logits, out.hidden_states[-1] if hidden else None)
+        logits, states = out.logits[:, :q], (out.hidden_states[-1][:, :q] if hidden else None)
+        if fn is not self.model:  # CUDA-graph outputs are overwritten by the next replay: own a copy
+            logits, states = logits.clone(), (None if states is None else states.clone())
+        return ForwardOutput(logits, states)
+
+    def warmup(self, cache: RollbackCache, max_q: int, num_layers: int | None = None) -> None:
+        """Compile (and record) every fixed-shape step up to max_q tokens before timing anything. Writes only
+        scratch slots of row 0, which the next prefill overwrites."""
+        if not cache.static:
+            return
+        for q in sorted({bucket_for(n, self.fast.buckets) or n for n in range(1, max_q + 1)}):
+            block = build_block([0], [[self.pad_id] * q], [list(range(-1, q - 1))], self.pad_id, self.device)
+            self.forward(cache, [0], block, num_layers=num_layers)
 
     @contextlib.contextmanager
     def _truncated(self, num_layers: int | None) -> Iterator[None]:

@@ -81,3 +81,72 @@ def build_block(
         input_ids.to(device), positions.to(device), slots, mask.to(device), kv_len,
         prefix_lens[0] if same_start else None,
     )
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """A static draft tree compiled once from Medusa-style paths (Cai et al. 2024, `medusa_choices`).
+
+    A path lists, per depth, which candidate of that depth's ranking to take: [0] is the top candidate at
+    depth 1, [0, 1] the second candidate at depth 2 under it, [1] the second candidate at depth 1.
+    Nodes are ordered by depth, then lexicographically, so a parent always precedes its children.
+
+    paths:   node i's path.
+    parents: node i's parent index, -1 for a child of the root.
+    depths:  1 for a child of the root.
+    ranks:   paths[i][-1]: which candidate of depth depths[i] node i takes.
+    top_k:   per depth d (index d - 1), how many candidates that depth must rank (max rank + 1).
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    ranks: tuple[int, ...]
+    top_k: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.top_k)
+
+    def mask(self) -> torch.Tensor:
+        """[n + 1, n + 1] bool attention inside a verification block whose index 0 is the root."""
+        return ancestor_matrix([-1, *(p + 1 for p in self.parents)])
+
+    def position_offsets(self) -> torch.Tensor:
+        """[n + 1] position of each block entry relative to the root (root 0, a node its depth)."""
+        return torch.tensor([0, *self.depths], dtype=torch.long)
+
+    def truncated(self, depth: int) -> "StaticTree":
+        """The same tree without nodes deeper than `depth` (for a speculation-length cap)."""
+        if depth >= self.max_depth:
+            return self
+        return compile_paths([p for p in self.paths if len(p) <= depth]) if depth > 0 else compile_paths([])
+
+
+def compile_paths(paths) -> StaticTree:
+    """Paths (lists of non-negative ints) -> StaticTree. Every proper prefix of a path must be a path too.
+
+    Example: [[0], [1], [0, 0]] -> parents (-1, -1, 0), depths (1, 1, 2), ranks (0, 1, 0), top_k (2, 1).
+    """
+    ordered: list[tuple[int, ...]] = []
+    for path in paths:
+        path = tuple(path)
+        if not path or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in path):
+            raise ValueError(f"a tree path must be a non-empty list of non-negative ints, got {list(path)}")
+        ordered.append(path)
+    if len(set(ordered)) != len(ordered):
+        raise ValueError("tree paths contain duplicates")
+    ordered.sort(key=lambda p: (len(p), p))
+    index = {path: i for i, path in enumerate(ordered)}
+    parents: list[int] = []
+    for path in ordered:
+        if len(path) > 1 and path[:-1] not in index:
+            raise ValueError(f"tree path {list(path)} has no parent path {list(path[:-1])}")
+        parents.append(index[path[:-1]] if len(path) > 1 else -1)
+    depth = max((len(p) for p in ordered), default=0)
+    top_k = tuple(max(p[d] for p in ordered if len(p) > d) + 1 for d in range(depth))
+    return StaticTree(tuple(ordered), tuple(parents), tuple(len(p) for p in ordered),
+                      tuple(p[-1] for p in ordered), top_k)

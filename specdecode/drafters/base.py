@@ -10,6 +10,26 @@ from ..config import SamplingConfig
 
 
 @dataclass(frozen=True)
+class AuxBranch:
+    """Extra tokens fed in the same target pass as a draft but never verified or committed (lookahead
+    decoding's Jacobi window). Like the draft, a tree rooted at the pending token: parents[i] indexes into the
+    branch (-1 = the root). Draft nodes never see aux nodes, aux nodes never see draft nodes; aux KV lands in
+    slots after the draft's and is dropped. The engine hands the aux logits back via `observe_aux`."""
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("aux tokens and parents differ in length")
+        if any(not -1 <= p < i for i, p in enumerate(self.parents)):
+            raise ValueError(f"aux parents must point to earlier nodes: {self.parents}")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
 class Draft:
     """A tree of proposed tokens rooted at the sequence's pending (last committed, not yet cached) token.
 
@@ -18,12 +38,14 @@ class Draft:
              A chain of k tokens has parents [-1, 0, 1, ..., k-2].
     q:       [n, vocab] the distribution node i's token was drawn from (a function of its parent's path),
              or None when the drafter chose tokens deterministically: verification then treats q as one-hot.
+    aux:     optional AuxBranch evaluated in the same pass, invisible to the draft (see AuxBranch).
     An empty draft (n = 0) is a value: the target then decodes one token, i.e. plain decoding.
     """
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     q: torch.Tensor | None = None  # [n, vocab]
+    aux: AuxBranch | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -87,6 +109,10 @@ class Drafter(Protocol):
     def finish(self, seq: SequenceContext) -> None:
         """The sequence left the batch: free its resources."""
 
+    # Optional: a drafter whose drafts carry an AuxBranch defines
+    #     observe_aux(seq, logits)  # logits [len(aux), vocab], the target's output at each aux node
+    # which the engine calls after the pass and before `observe`.
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -118,6 +144,9 @@ class BaseDrafter:
         pass
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:
+        pass
+
+    def observe_aux(self, seq: SequenceContext, logits: torch.Tensor) -> None:
         pass
 
     def finish(self, seq: SequenceContext) -> None:

@@ -1,0 +1,150 @@
+"""One benchmark, start to end: validate everything the user gave (prompts, methods, flags) BEFORE loading a
+model, load it once, build the methods, run them interleaved, write results.json / report.md / speedup.png.
+
+The model comes from `load_bench_model`; a later source (e.g. a random-initialised `--random-config`
+shape for GPU tests) only has to return another BenchModel.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError, GenerationConfig, SamplingConfig
+from ..models import load_model, parse_dtype
+from . import methods as methods_mod
+from .methods import BASELINE, BenchModel, PeerOptions
+from .prompts import BUILTIN_NAME, categories, load_prompts, select
+from .report import write_all
+from .runner import NEAR_TIE_EPS, BenchSettings, run_bench
+from .summary import CONVENTIONS, summarise
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    out: str
+    prompts: str | None = None  # None: the built-in set
+    limit: int | None = None  # prompts per category
+    methods: str | None = None  # comma list; None: all
+    model: str | None = None
+    draft_model: str | None = None
+    device: str = "cpu"
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    k: int = 5
+    exit_layer: int | None = None
+    hf_draft_tokens: int | None = None
+    heads: tuple[str, ...] = ()  # --head NAME=DIR
+    seed: int = 0
+    threads: int | None = None  # torch intra-op CPU threads; None: torch's default
+    compile: bool | None = None  # specdecode methods on the fast path; None: on for cuda, off on cpu
+    warmup: bool = True
+    progress: bool = True
+
+    @property
+    def resolved_dtype(self) -> str:
+        return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+
+
+def validate(config: BenchConfig) -> tuple[list, list[str]]:
+    """Everything checkable without a model; raises ConfigError (CLI exit 2) before any run starts."""
+    questions = select(load_prompts(config.prompts), config.limit)
+    names = methods_mod.choose(config.methods, has_draft=config.draft_model is not None)
+    GenerationConfig(max_new_tokens=config.max_new_tokens)
+    SamplingConfig(temperature=config.temperature)
+    methods_mod.parse_heads(list(config.heads))
+    if config.k <= 0 or (config.hf_draft_tokens is not None and config.hf_draft_tokens <= 0):
+        raise ConfigError("--k and --hf-draft-tokens must be positive integers")
+    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
+        raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda requested but no CUDA device is available")
+    parse_dtype(config.resolved_dtype)
+    if config.threads is not None and config.threads <= 0:
+        raise ConfigError(f"--threads must be a positive integer, got {config.threads}")
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {config.out!r} exists and is not a directory")
+    return questions, names
+
+
+def load_bench_model(config: BenchConfig) -> BenchModel:
+    loaded = load_model(config.model, device=config.device, dtype=config.resolved_dtype)
+    draft = None
+    if config.draft_model:
+        draft = load_model(config.draft_model, device=config.device, dtype=config.resolved_dtype).model
+    return BenchModel(loaded.model, loaded.tokenizer, loaded.name, draft, config.draft_model)
+
+
+def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, command: str | None = None) -> list[Path]:
+    """Run the benchmark; returns the written paths. bench_model: a preloaded model (tests), else loaded;
+    command: the command line, recorded in the outputs."""
+    questions, names = validate(config)
+    began = time.perf_counter()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    bench_model = bench_model or load_bench_model(config)
+    heads = methods_mod.parse_heads(list(config.heads))
+    compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
+    options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled)
+    skipped: dict[str, str] = {}
+    methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
+    for name, reason in skipped.items():
+        print(f"specdecode bench: skipping {reason}", file=sys.stderr)
+    settings = BenchSettings(config.max_new_tokens, config.temperature, config.seed, config.warmup, config.progress)
+    records = run_bench(methods, questions, bench_model.tokenizer, bench_model.model, settings)
+    cats = categories(questions)
+    rows = summarise(records, [m.name for m in methods], cats, greedy=config.temperature == 0)
+    param = next(bench_model.model.parameters())
+    meta = {
+        "model": bench_model.name,
+        "draft_model": config.draft_model,
+        "device": str(param.device),
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "baseline": BASELINE,
+        "max_new_tokens": config.max_new_tokens,
+        "temperature": config.temperature,
+        "k": config.k,
+        "seed": config.seed,
+        "prompts": len(questions),
+        "prompt_source": config.prompts or BUILTIN_NAME,
+        "limit": config.limit,
+        "categories": cats,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": machine(),
+        "versions": {"torch": torch.__version__, "transformers": _version("transformers"),
+                     "python": platform.python_version()},
+        "elapsed_s": round(time.perf_counter() - began, 2),
+        "near_tie_tolerance": f"{NEAR_TIE_EPS} * eps(dtype) * max(1, |top logit|)",
+        "skipped": skipped,
+        "multi_turn_history": "the baseline's answers, for every method",
+        "config": asdict(config),
+        "conventions": list(CONVENTIONS),
+    }
+    methods_info = [{"method": m.name, "kind": m.kind, "params": m.params} for m in methods]
+    return write_all(Path(config.out), meta, methods_info, rows, [r.as_dict() for r in records])
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    text = f"{platform.system()} {cpu}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}"
+    if torch.cuda.is_available():
+        text += f", GPU {torch.cuda.get_device_name(0)}"
+    return text
+
+
+def _version(package: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:  # noqa: BLE001 - metadata is informative only
+        return None

@@ -1,0 +1,103 @@
+"""Benchmark prompts in the Spec-Bench question format, loaded and validated before anything runs.
+
+One JSON object per line: {"question_id": 1, "category": "qa", "turns": ["...", "..."], "reference": [...]}.
+`turns` are user turns; a later turn is asked after the model's answer to the earlier ones. A bad file is
+reported as one line naming the file and line number (a ConfigError), so the run never starts half-way.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..config import ConfigError
+
+BUILTIN_NAME = "built-in (specdecode/bench/data/prompts.jsonl)"
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: int | str
+    category: str
+    turns: tuple[str, ...]
+    reference: tuple[str, ...] = ()
+
+
+def builtin_text() -> str:
+    return resources.files("specdecode.bench.data").joinpath("prompts.jsonl").read_text(encoding="utf-8")
+
+
+def load_prompts(path: str | Path | None = None) -> list[Question]:
+    """Questions from a JSONL file (None: the built-in set), in file order."""
+    if path is None:
+        return parse_prompts(builtin_text(), BUILTIN_NAME)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read prompts file {str(path)!r}: {error}") from error
+    return parse_prompts(text, str(path))
+
+
+def parse_prompts(text: str, source: str = "<prompts>") -> list[Question]:
+    """Parse and validate JSONL text; blank lines are allowed, everything else must be a valid question."""
+    questions: list[Question] = []
+    seen: dict[int | str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        question = _parse_line(line, f"{source}:{number}")
+        if question.question_id in seen:
+            raise ConfigError(f"{source}:{number}: duplicate question_id {question.question_id!r} "
+                              f"(first on line {seen[question.question_id]})")
+        seen[question.question_id] = number
+        questions.append(question)
+    if not questions:
+        raise ConfigError(f"{source}: no prompts (the file is empty)")
+    return questions
+
+
+def _parse_line(line: str, where: str) -> Question:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for name in ("question_id", "category", "turns"):
+        if name not in record:
+            raise ConfigError(f"{where}: missing field {name!r}")
+    qid, category, turns = record["question_id"], record["category"], record["turns"]
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or qid == "":
+        raise ConfigError(f"{where}: question_id must be an integer or a non-empty string")
+    if not isinstance(category, str) or not category.strip():
+        raise ConfigError(f"{where}: category must be a non-empty string")
+    if not isinstance(turns, list) or not turns:
+        raise ConfigError(f"{where}: turns must be a non-empty list of strings")
+    if not all(isinstance(turn, str) and turn.strip() for turn in turns):
+        raise ConfigError(f"{where}: every turn must be a non-empty string")
+    reference = record.get("reference") or []
+    if isinstance(reference, str):
+        reference = [reference]
+    if not isinstance(reference, list) or not all(isinstance(r, str) for r in reference):
+        raise ConfigError(f"{where}: reference must be a string or a list of strings")
+    return Question(qid, category.strip(), tuple(turns), tuple(reference))
+
+
+def select(questions: list[Question], limit: int | None = None) -> list[Question]:
+    """The first `limit` questions of each category (file order kept)."""
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"--limit must be a positive integer, got {limit}")
+    taken: Counter[str] = Counter()
+    chosen = []
+    for question in questions:
+        if limit is None or taken[question.category] < limit:
+            taken[question.category] += 1
+            chosen.append(question)
+    return chosen
+
+
+def categories(questions: list[Question]) -> list[str]:
+    """Categories in order of first appearance."""
+    return list(dict.fromkeys(q.category for q in questions))

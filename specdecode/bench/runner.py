@@ -1,0 +1,180 @@
+"""Run every method on every prompt in one process, interleaved, then check greedy outputs against the baseline.
+
+Order: after a warm-up call per method, each prompt (one turn of one question) is decoded by every method in
+a rotating order (prompt u starts at method u mod M), so machine noise and cache effects hit all methods alike.
+
+Multi-turn questions: a later turn is asked after the BASELINE's answers to the earlier turns, for every
+method. Every method then decodes exactly the same prompt ids at every turn (so speed and losslessness are
+compared like with like); a lossless method would have produced the same history anyway, and one that is not
+is flagged on the turn where it first differs instead of drifting onto different prompts afterwards.
+
+Lossless analysis (greedy runs only): a method's output must equal the baseline's token for token. Where they
+first differ, one plain forward of the prompt + the baseline's tokens before that position gives the target's
+logits there; if the two competing tokens' logits are within rounding of each other and of the top logit,
+the mismatch is a near-tie (legitimate in reduced precision: a multi-token pass rounds differently from a
+one-token pass), otherwise a bug. In fp32 the tolerance is ~1e-5 and every real mismatch is a bug.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .methods import BASELINE, Generation, Method, RunSettings
+from .prompts import Question
+
+NEAR_TIE_EPS = 4.0  # tolerance = NEAR_TIE_EPS * machine epsilon of the model dtype * max(1, |top logit|)
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    warmup: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where a method's greedy output first left the baseline's, and why."""
+
+    position: int  # index into the new tokens
+    baseline_token: int | None  # None: that output had ended
+    method_token: int | None
+    logit_gap: float | None  # |logit(baseline token) - logit(method token)| in the plain forward
+    top_gap: float | None  # top logit - the lower of the two competing logits
+    tolerance: float
+    kind: str  # "near-tie" | "bug"
+
+
+@dataclass
+class Record:
+    """One method's run on one turn of one question."""
+
+    method: str
+    question_id: int | str
+    category: str
+    turn: int
+    prompt_ids: list[int]
+    generation: Generation
+    identical: bool | None = None  # None: not checked (sampling, or the baseline itself)
+    mismatch: Mismatch | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        g = self.generation
+        out = {"method": self.method, "question_id": self.question_id, "category": self.category,
+               "turn": self.turn, "prompt_tokens": len(self.prompt_ids), "new_tokens": len(g.ids),
+               "time_s": round(g.seconds, 5), "target_passes": g.passes, "proposed": g.proposed,
+               "accepted": g.accepted, "identical": self.identical}
+        if self.mismatch is not None:
+            out["mismatch"] = vars(self.mismatch)
+        return out
+
+
+def encode_conversation(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Chat template over the running conversation, ending with the assistant's turn to speak. A tokenizer
+    without a chat template gets the turns joined by blank lines (plain text continuation)."""
+    if getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+        return [int(i) for i in ids]
+    text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+    return [int(i) for i in tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+
+def run_bench(methods: list[Method], questions: list[Question], tokenizer, model: torch.nn.Module,
+              settings: BenchSettings) -> list[Record]:
+    """Decode every turn of every question with every method; returns the records, lossless-checked."""
+    if not methods or methods[0].name != BASELINE:
+        raise ValueError(f"the first method must be the baseline {BASELINE!r}")
+    torch.manual_seed(settings.seed)
+    if settings.warmup:
+        _warm_up(methods, tokenizer, questions[0], settings)
+    total = sum(len(q.turns) for q in questions) * len(methods)
+    records: list[Record] = []
+    unit = 0
+    with tqdm(total=total, unit="gen", disable=not settings.progress, dynamic_ncols=True) as bar:
+        for index, question in enumerate(questions):
+            bar.set_description(f"prompt {index + 1}/{len(questions)} {question.category}")
+            history: list[dict[str, str]] = []
+            for turn, text in enumerate(question.turns):
+                history.append({"role": "user", "content": text})
+                prompt_ids = encode_conversation(tokenizer, history)
+                run = RunSettings(settings.max_new_tokens, settings.temperature, _seed(settings.seed, unit))
+                shift = unit % len(methods)
+                by_name: dict[str, Record] = {}
+                for method in methods[shift:] + methods[:shift]:
+                    bar.set_postfix_str(method.name)
+                    generation = method.run(prompt_ids, run)
+                    by_name[method.name] = Record(method.name, question.question_id, question.category, turn,
+                                                  prompt_ids, generation)
+                    bar.update(1)
+                records += [by_name[m.name] for m in methods]
+                answer = tokenizer.decode(by_name[BASELINE].generation.ids, skip_special_tokens=True)
+                history.append({"role": "assistant", "content": answer})
+                unit += 1
+    if settings.temperature == 0:
+        check_lossless(records, model)
+    return records
+
+
+def _seed(seed: int, unit: int) -> int:
+    return seed * 1_000_003 + unit
+
+
+def _warm_up(methods: list[Method], tokenizer, question: Question, settings: BenchSettings) -> None:
+    """One short untimed run per method: lazy allocations, kernel selection and caches happen here."""
+    prompt_ids = encode_conversation(tokenizer, [{"role": "user", "content": question.turns[0]}])
+    run = RunSettings(min(WARMUP_TOKENS, max(2, settings.max_new_tokens // 4)), settings.temperature, settings.seed)
+    for method in methods:
+        method.run(prompt_ids, run)
+
+
+# -- lossless analysis ----------------------------------------------------------------------------------------
+def check_lossless(records: list[Record], model: torch.nn.Module) -> None:
+    """Mark every non-baseline record identical or not, and classify each first difference."""
+    baseline = {(r.question_id, r.turn): r for r in records if r.method == BASELINE}
+    for record in records:
+        if record.method == BASELINE:
+            continue
+        reference = baseline[(record.question_id, record.turn)]
+        record.identical = record.generation.ids == reference.generation.ids
+        if not record.identical:
+            record.mismatch = classify_mismatch(model, reference, record)
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def near_tie_tolerance(dtype: torch.dtype, top_logit: float) -> float:
+    return NEAR_TIE_EPS * torch.finfo(dtype).eps * max(1.0, abs(top_logit))
+
+
+@torch.inference_mode()
+def classify_mismatch(model: torch.nn.Module, reference: Record, record: Record) -> Mismatch:
+    """Plain forward of prompt + baseline tokens before the first difference; compare the competing logits."""
+    base, ours = reference.generation.ids, record.generation.ids
+    position = first_difference(base, ours)
+    base_token = base[position] if position < len(base) else None
+    method_token = ours[position] if position < len(ours) else None
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    ids = torch.tensor([reference.prompt_ids + base[:position]], device=device)  # [1, prompt + position]
+    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()  # [vocab]
+    top = float(logits.max())
+    tolerance = near_tie_tolerance(dtype, top)
+    if base_token is None or method_token is None:  # one output stopped early: not a rounding question
+        return Mismatch(position, base_token, method_token, None, None, tolerance, "bug")
+    a, b = float(logits[base_token]), float(logits[method_token])
+    logit_gap, top_gap = abs(a - b), top - min(a, b)
+    kind = "near-tie" if logit_gap <= tolerance and top_gap <= tolerance else "bug"
+    return Mismatch(position, base_token, method_token, logit_gap, top_gap, tolerance, kind)
+

@@ -1,0 +1,88 @@
+"""Aggregate run records into one row per (method, category), plus an `overall` category per method.
+The conventions (ratios of sums, Spec-Bench style) are in CONVENTIONS, which report.md prints too. Rows are
+plain dicts so a later column (e.g. fraction of the bandwidth floor) is one more key."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .methods import BASELINE
+from .runner import Record
+
+OVERALL = "overall"
+CONVENTIONS = (
+    "all figures are ratios of sums over a cell's runs, not means of per-prompt ratios",
+    "tokens_per_s = new tokens / wall seconds (prefill included, after a warm-up call per method)",
+    "speedup = tokens_per_s / the baseline's tokens_per_s in the same category of the same run",
+    "tau = new tokens / target passes that produced them (plain decoding: 1.0; the bonus token counts)",
+    "acceptance_rate = accepted / proposed draft tokens (transformers peers: derived from counted target passes)",
+    "prompts = questions; lossless_prompts = questions whose every turn equals the baseline's greedy output "
+    "(null when sampling); mismatches = differing turns = near_ties + bugs",
+    "multi-turn: later turns follow the baseline's answers, for every method",
+)
+
+
+def summarise(records: list[Record], methods: list[str], categories: list[str], greedy: bool) -> list[dict[str, Any]]:
+    """greedy: the run was lossless-checked (sampling runs report speed and tau only)."""
+    cells: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for record in records:
+        cells[(record.method, record.category)].append(record)
+        cells[(record.method, OVERALL)].append(record)
+    rows = []
+    for category in [*categories, OVERALL]:
+        base = _rate(cells[(BASELINE, category)])
+        for method in methods:
+            cell = cells[(method, category)]
+            if cell:
+                rows.append(_row(method, category, cell, base, greedy))
+    return rows
+
+
+def _rate(records: list[Record]) -> float | None:
+    seconds = sum(r.generation.seconds for r in records)
+    return sum(len(r.generation.ids) for r in records) / seconds if seconds > 0 else None
+
+
+def _ratio(num: int | float | None, den: int | float | None) -> float | None:
+    return None if num is None or den in (None, 0) else num / den
+
+
+def _sum(records: list[Record], field: str) -> int | None:
+    values = [getattr(r.generation, field) for r in records]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _row(method: str, category: str, cell: list[Record], base_rate: float | None, greedy: bool) -> dict[str, Any]:
+    tokens = sum(len(r.generation.ids) for r in cell)
+    seconds = sum(r.generation.seconds for r in cell)
+    rate = _rate(cell)
+    questions: dict[Any, list[Record]] = defaultdict(list)
+    for record in cell:
+        questions[record.question_id].append(record)
+    mismatched = [r for r in cell if r.identical is False]
+    row = {
+        "method": method,
+        "category": category,
+        "prompts": len(questions),
+        "turns": len(cell),
+        "new_tokens": tokens,
+        "time_s": round(seconds, 4),
+        "tokens_per_s": _round(rate, 3),
+        "speedup": _round(_ratio(rate, base_rate), 4),
+        "tau": _round(_ratio(tokens, _sum(cell, "passes")), 4),
+        "acceptance_rate": _round(_ratio(_sum(cell, "accepted"), _sum(cell, "proposed") or None), 4),
+        "lossless_prompts": None,
+        "mismatches": None,
+        "near_ties": None,
+        "bugs": None,
+    }
+    if greedy:  # the baseline's records carry identical=None: it is the reference
+        row["lossless_prompts"] = sum(all(r.identical is not False for r in rs) for rs in questions.values())
+        row["mismatches"] = len(mismatched)
+        row["near_ties"] = sum(r.mismatch is not None and r.mismatch.kind == "near-tie" for r in mismatched)
+        row["bugs"] = len(mismatched) - row["near_ties"]
+    return row
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

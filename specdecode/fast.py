@@ -1,0 +1,60 @@
+"""The fast path (gpt-fast style): a static cache read whole, fixed-shape steps (block sizes padded to a few
+buckets) and `torch.compile` of the model's own forward — CUDA graphs on CUDA (mode "reduce-overhead"),
+inductor on CPU. Prefill stays eager (its length varies)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .trees import Block
+
+
+@dataclass(frozen=True)
+class FastPathConfig:
+    """enabled: static cache + padded steps; compile: torch.compile them (backend/mode below);
+    capacity: static cache slots per row (fixed so compiled graphs never see a new shape)."""
+
+    enabled: bool = False
+    compile: bool = True
+    backend: str = "inductor"
+    mode: str | None = None  # None: "reduce-overhead" on CUDA, "default" on CPU
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    capacity: int = 2048
+
+    def mode_for(self, device: torch.device) -> str:
+        return self.mode or ("reduce-overhead" if device.type == "cuda" else "default")
+
+
+def bucket_for(q: int, buckets: tuple[int, ...]) -> int | None:
+    """Smallest bucket >= q, or None when q is larger than every bucket (then the step runs eager)."""
+    return next((b for b in buckets if b >= q), None)
+
+
+def pad_block(block: Block, q_to: int, kv_len: int, pad_id: int) -> Block:
+    """Pad a block to q_to queries and a kv_len-wide mask. Pad queries write the slots right after the real
+    ones (never committed, masked for everyone else) and see only themselves."""
+    b, q = block.input_ids.shape
+    extra = q_to - q
+    device = block.input_ids.device
+    slots = block.slots.to(device)
+    if extra:
+        tail = slots[:, -1:] + torch.arange(1, extra + 1, device=device)  # [b, extra]
+        slots = torch.cat([slots, tail], dim=1)
+    mask = torch.zeros((b, 1, q_to, kv_len), dtype=torch.bool, device=device)
+    mask[:, :, :q, : block.kv_len] = block.mask
+    if extra:
+        rows = torch.arange(b, device=device)[:, None]
+        queries = torch.arange(q, q_to, device=device)[None, :].expand(b, -1)
+        mask[rows, 0, queries, slots[:, q:]] = True
+    input_ids = torch.cat([block.input_ids, torch.full((b, extra), pad_id, dtype=torch.long, device=device)], 1)
+    positions = torch.cat([block.positions, block.positions[:, -1:].expand(b, extra)], 1)
+    return Block(input_ids, positions, slots, mask, kv_len, None)
+
+
+def raise_recompile_limits() -> None:
+    """Buckets x (full, layer-skip) forwards are distinct graphs of one function: allow enough of them."""
+    config = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 256))

@@ -1,0 +1,225 @@
+"""`specdecode bench` on a tiny random Llama (fp32, CPU): the three output files and their fields, every
+specdecode method lossless, a deliberately broken method caught as a bug, near-tie classification, and the
+prompt-file validation errors (with line numbers, before any model is loaded)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdecode.bench import methods as methods_mod
+from specdecode.bench.harness import BenchConfig, load_bench_model
+from specdecode.bench.methods import BASELINE, Generation, Method
+from specdecode.bench.prompts import load_prompts, parse_prompts, select
+from specdecode.bench.runner import BenchSettings, Record, classify_mismatch, run_bench
+from specdecode.bench.summary import summarise
+from specdecode.cli import main
+from specdecode.config import ConfigError
+from specdecode.drafters import registry
+
+PROMPTS = [
+    {"question_id": 1, "category": "multi-turn",
+     "turns": ["the cat sat on the mat. the cat sat on", "say it again: the cat sat"]},
+    {"question_id": "q2", "category": "code", "turns": ["def add(a, b):\n    return a + b\n\ndef add("],
+     "reference": ["x"]},
+]
+MODEL_FREE = ["hf-generate", "hf-prompt-lookup", "hf-assisted", "hf-early-exit", "specdecode-none",
+              "specdecode-prompt-lookup", "specdecode-layer-skip", "specdecode-draft-model"]
+RESULT_FIELDS = {"method", "category", "tokens_per_s", "speedup", "tau", "acceptance_rate", "lossless_prompts",
+                 "prompts"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two spinning threads make a
+    tiny forward ~100x slower; restore the setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def bench_out(tmp_path_factory, tiny_model_dir, tiny_draft_dir, prompts_file):
+    """The full CLI path, with a draft model that disagrees with the target (rejections happen)."""
+    out = tmp_path_factory.mktemp("bench")
+    code = main(["bench", "--model", tiny_model_dir, "--draft-model", tiny_draft_dir, "--prompts", prompts_file,
+                 "--out", str(out), "--max-new-tokens", "24", "--k", "3", "--exit-layer", "2", "--hf-draft-tokens", "3",
+                 "--no-progress"])
+    assert code == 0
+    return out
+
+
+def test_bench_writes_three_files_with_stable_fields(bench_out):
+    assert (bench_out / "speedup.png").stat().st_size > 1000
+    assert (bench_out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((bench_out / "results.json").read_text())
+    ran = [m["method"] for m in results["methods"]]
+    skipped = results["meta"]["skipped"]  # drafters that cannot be built for this model (e.g. no head for it)
+    assert sorted(ran + list(skipped)) == sorted(methods_mod.available(has_draft=True))
+    assert {f"specdecode-{name}" for name in registry()} <= set(ran) | set(skipped)  # from the registry
+    assert set(MODEL_FREE) <= set(ran) and all(reason for reason in skipped.values())
+    expected = ran
+    rows = {(r["method"], r["category"]): r for r in results["results"]}
+    assert set(rows) == {(m, c) for m in expected for c in ("multi-turn", "code", "overall")}
+    for row in results["results"]:
+        assert RESULT_FIELDS <= set(row)
+        assert row["tokens_per_s"] > 0 and row["speedup"] > 0
+    for category in ("multi-turn", "code", "overall"):
+        base = rows[(BASELINE, category)]
+        assert base["speedup"] == 1.0 and base["tau"] == 1.0 and base["acceptance_rate"] is None
+    assert rows[(BASELINE, "overall")]["prompts"] == 2 and rows[(BASELINE, "multi-turn")]["turns"] == 2
+    assert results["meta"]["dtype"] == "float32" and results["meta"]["max_new_tokens"] == 24
+    assert len(results["runs"]) == len(expected) * 3  # 3 turns in all
+    report = (bench_out / "report.md").read_text()
+    assert "| method | multi-turn | code | overall |" in report
+    for method in expected:
+        assert f"| {method} |" in report
+
+
+def test_every_specdecode_method_is_lossless_in_fp32(bench_out):
+    results = json.loads((bench_out / "results.json").read_text())
+    runs = results["runs"]
+    assert any(r["new_tokens"] > 4 for r in runs if r["method"] == BASELINE)
+    for row in results["results"]:
+        if row["category"] != "overall":
+            continue
+        if row["method"].startswith("specdecode-"):
+            assert row["lossless_prompts"] == row["prompts"] == 2, row
+            assert row["mismatches"] == 0 and row["bugs"] == 0
+        if row["method"] in ("specdecode-prompt-lookup", "hf-prompt-lookup"):
+            assert row["tau"] >= 1.0 and row["acceptance_rate"] is not None
+    # the multi-turn history is the baseline's answer: every method saw the same prompt at every turn
+    for turn in (0, 1):
+        lengths = {r["prompt_tokens"] for r in runs if r["question_id"] == 1 and r["turn"] == turn}
+        assert len(lengths) == 1
+
+
+def test_a_broken_method_is_caught_as_a_bug(tiny_model_dir):
+    bench = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir))
+    base = methods_mod.build_methods(bench, [BASELINE], methods_mod.PeerOptions())[0]
+
+    def broken(prompt_ids, settings):
+        g = base.run(prompt_ids, settings)
+        wrong = (g.ids[2] + 7) % 259  # a token the target did not choose at position 2
+        return Generation(g.ids[:2] + [wrong] + g.ids[3:], g.seconds, g.passes, 0, 0)
+
+    questions = parse_prompts(json.dumps(PROMPTS[1]))
+    settings = BenchSettings(max_new_tokens=12, progress=False, warmup=False)
+    records = run_bench([base, Method("broken", "test", broken)], questions, bench.tokenizer, bench.model, settings)
+    bad = [r for r in records if r.method == "broken"][0]
+    assert bad.identical is False and bad.mismatch.position == 2 and bad.mismatch.kind == "bug"
+    row = [r for r in summarise(records, [BASELINE, "broken"], ["code"], greedy=True)
+           if r["method"] == "broken" and r["category"] == "overall"][0]
+    assert row["lossless_prompts"] == 0 and row["bugs"] == 1 and row["near_ties"] == 0
+
+
+class _FixedLogits(torch.nn.Module):
+    """Returns the same next-token logits for any input: to test the near-tie rule in isolation."""
+
+    def __init__(self, logits: list[float], dtype: torch.dtype):
+        super().__init__()
+        self.logits = torch.tensor(logits)
+        self.anchor = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+
+    def forward(self, input_ids, logits_to_keep=1):
+        return SimpleNamespace(logits=self.logits.expand(1, 1, -1))
+
+
+def _record(method: str, ids: list[int]) -> Record:
+    return Record(method, 1, "c", 0, [5, 6], Generation(ids, 1.0))
+
+
+@pytest.mark.parametrize("logits, dtype, method_token, kind", [
+    ([10.0, 10.0, 1.0], torch.float32, 1, "near-tie"),  # exact tie: either token is right
+    ([10.0, 9.999, 1.0], torch.float32, 1, "bug"),  # 1e-3 apart: far beyond fp32 rounding
+    ([10.0, 9.999, 1.0], torch.bfloat16, 1, "near-tie"),  # within bf16 rounding
+    ([10.0, 9.0, 1.0], torch.bfloat16, 1, "bug"),
+    ([10.0, 10.0, 10.0 - 1e-6], torch.float32, 2, "near-tie"),
+    ([10.0, 3.0, 1.0], torch.float32, 2, "bug"),
+])
+def test_mismatch_classification(logits, dtype, method_token, kind):
+    model = _FixedLogits(logits, dtype)
+    mismatch = classify_mismatch(model, _record(BASELINE, [4, 0, 3]), _record("m", [4, method_token, 3]))
+    assert mismatch.position == 1 and mismatch.baseline_token == 0 and mismatch.method_token == method_token
+    assert mismatch.kind == kind
+
+
+# -- prompt file validation -----------------------------------------------------------------------------------
+GOOD = '{"question_id": 1, "category": "qa", "turns": ["hi"]}'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no prompts"),
+    ("\n  \n", "no prompts"),
+    (GOOD + "\n{not json", ":2: not valid JSON"),
+    ('{"category": "qa", "turns": ["hi"]}', ":1: missing field 'question_id'"),
+    (GOOD + '\n\n{"question_id": 2, "turns": ["hi"]}', ":3: missing field 'category'"),
+    ('{"question_id": 1, "category": "qa"}', ":1: missing field 'turns'"),
+    ('{"question_id": 1, "category": "qa", "turns": []}', ":1: turns must be a non-empty list"),
+    ('{"question_id": 1, "category": "qa", "turns": "hi"}', ":1: turns must be a non-empty list"),
+    ('{"question_id": 1, "category": "qa", "turns": ["hi", 3]}', ":1: every turn must be a non-empty string"),
+    ('{"question_id": 1, "category": "", "turns": ["hi"]}', ":1: category must be a non-empty string"),
+    ('{"question_id": [1], "category": "qa", "turns": ["hi"]}', ":1: question_id must be"),
+    ('[1, 2]', ":1: expected a JSON object"),
+    ('{"question_id": 1, "category": "qa", "turns": ["hi"], "reference": 3}', ":1: reference must be"),
+    (GOOD + "\n" + GOOD, ":2: duplicate question_id 1 (first on line 1)"),
+])
+def test_bad_prompt_files_name_the_line(tmp_path, text, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_prompts(path)
+    assert message in str(error.value) and str(path) in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_cli_rejects_bad_input_before_loading_a_model(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(GOOD + "\n{oops\n")
+    out = tmp_path / "out"
+    # --model points nowhere: it would fail later with a different message if loading were attempted first
+    args = ["bench", "--model", str(tmp_path / "missing"), "--out", str(out), "--no-progress"]
+    assert main([*args, "--prompts", str(bad)]) == 2
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+    assert main([*args, "--prompts", str(tmp_path / "nope.jsonl")]) == 2
+    assert "cannot read prompts file" in capsys.readouterr().err
+    assert main([*args, "--methods", "hf-generate,nope"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
+    assert main([*args, "--methods", "hf-assisted"]) == 2
+    assert "needs --draft-model" in capsys.readouterr().err
+    assert main([*args, "--limit", "0"]) == 2
+    assert not out.exists()
+
+
+def test_builtin_prompts_and_limit():
+    questions = load_prompts()
+    assert len(questions) >= 80
+    chosen = select(questions, 2)
+    counts = {}
+    for q in chosen:
+        counts[q.category] = counts.get(q.category, 0) + 1
+    assert len(counts) >= 8 and set(counts.values()) == {2}
+    assert any(len(q.turns) > 1 for q in chosen if q.category == "multi-turn")
+
+
+def test_sampling_run_reports_speed_and_tau_but_no_lossless_check(tmp_path, tiny_model_dir, prompts_file):
+    out = tmp_path / "sampled"
+    code = main(["bench", "--model", tiny_model_dir, "--prompts", prompts_file, "--out", str(out),
+                 "--max-new-tokens", "8", "--temperature", "0.8", "--methods", "hf-prompt-lookup,specdecode-none",
+                 "--no-progress", "--no-warmup"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [m["method"] for m in results["methods"]] == [BASELINE, "hf-prompt-lookup", "specdecode-none"]
+    for row in results["results"]:
+        assert row["lossless_prompts"] is None and row["bugs"] is None
+        assert row["tokens_per_s"] > 0 and row["tau"] >= 1.0
