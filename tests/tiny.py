@@ -42,3 +42,14 @@ def save_tiny(directory, model, tokenizer) -> str:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_layer: int = 2):
+    """Any registered drafter for a tiny target: head drafters get random heads, draft-model gets draft_dir."""
+    from specdecode.drafters import DrafterConfig, build_drafter, registry
+
+    entry = registry()[name]
+    if entry.untrained is not None:
+        return entry.untrained(target, spec)
+    config = DrafterConfig(name=name, draft_model=draft_dir if entry.needs_draft_model else None, exit_layer=exit_layer)
+    return build_drafter(target, config, spec)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ..config import ConfigError, SpecConfig
 from .base import Draft, Drafter, DrafterConfig, DrafterSpec, SequenceContext
-from . import draft_model, layer_skip, none, prompt_lookup
+from . import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup
 
-_SPECS: tuple[DrafterSpec, ...] = (none.SPEC, prompt_lookup.SPEC, layer_skip.SPEC, draft_model.SPEC)
+_SPECS: tuple[DrafterSpec, ...] = (none.SPEC, prompt_lookup.SPEC, layer_skip.SPEC, draft_model.SPEC, lookahead.SPEC,
+                                   eagle.SPEC, medusa.SPEC)
 
 
 def registry() -> dict[str, DrafterSpec]:

@@ -133,6 +133,9 @@ class DrafterSpec:
     build: Callable[..., "Drafter"]  # build(target, DrafterConfig, SpecConfig) -> Drafter
     help: str
     needs_draft_model: bool = False
+    # drafters with trained weights (heads): build one with random weights for any target (tests, tiny models);
+    # untrained(target, SpecConfig) -> Drafter. Losslessness must hold whatever the weights.
+    untrained: Callable[..., "Drafter"] | None = None
 
 
 class BaseDrafter:

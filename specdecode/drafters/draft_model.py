@@ -13,6 +13,7 @@ from ..models import load_model
 from ..target import Target
 from ..trees import build_block
 from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .cross_tokenizer import CrossTokenizerDrafter
 from .model_step import choose
 
 
@@ -91,7 +92,11 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
     if not config.draft_model:
         raise ConfigError("--drafter draft-model needs --draft-model PATH")
     loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype)
-    return DraftModel(Target(loaded.model, loaded.tokenizer), target, spec.confidence)
+    draft = Target(loaded.model, loaded.tokenizer)
+    if target.tokenizer is not None and not same_tokenizer(draft.tokenizer, target.tokenizer):
+        return CrossTokenizerDrafter(draft, target, spec.confidence)
+    return DraftModel(draft, target, spec.confidence)
 
 
-SPEC = DrafterSpec("draft-model", _build, "an independent smaller LM with the same tokenizer", needs_draft_model=True)
+SPEC = DrafterSpec("draft-model", _build, "an independent smaller LM (any tokenizer: a different one drafts via text)",
+                   needs_draft_model=True)

@@ -8,6 +8,7 @@ import torch
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter, registry
 from specdecode.engine import Engine
+from tests.tiny import tiny_drafter
 
 PROMPTS = {
     "repetitive": "the cat sat on the mat. the cat sat on the mat. the cat",
@@ -23,11 +24,6 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def drafter_config(name: str, draft_dir: str) -> DrafterConfig:
-    return DrafterConfig(name=name, draft_model=draft_dir if registry()[name].needs_draft_model else None,
-                         exit_layer=2)
-
-
 @pytest.fixture(scope="module")
 def references(tiny_model, tiny_tokenizer):
     return {key: hf_greedy(tiny_model, tiny_tokenizer(text)["input_ids"], NEW_TOKENS) for key, text in PROMPTS.items()}
@@ -37,7 +33,7 @@ def references(tiny_model, tiny_tokenizer):
                                   SpecConfig(k=6, confidence=0.3)], ids=["k4", "k1", "adaptive", "confidence"])
 @pytest.mark.parametrize("name", list(registry()))
 def test_greedy_equals_plain(name, spec, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
-    engine = Engine(tiny_target, build_drafter(tiny_target, drafter_config(name, tiny_draft_dir), spec), spec)
+    engine = Engine(tiny_target, tiny_drafter(tiny_target, name, spec, tiny_draft_dir), spec)
     proposed = 0
     for key, text in PROMPTS.items():
         ids = tiny_tokenizer(text)["input_ids"]

@@ -14,6 +14,7 @@ from specdecode.sampling import probabilities
 from specdecode.target import Target
 from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
+from tests.tiny import tiny_drafter
 from tests.tiny import tiny_llama
 
 VOCAB = 12
@@ -42,7 +43,7 @@ def build(name: str, target: Target, spec: SpecConfig):
     if name == "draft-model":
         draft = Target(tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None))
         return DraftModel(draft, target)
-    return build_drafter(target, DrafterConfig(name=name, exit_layer=1), spec)
+    return tiny_drafter(target, name, spec, exit_layer=1)
 
 
 def sample_pairs(engine: Engine) -> list[tuple[int, int]]:

@@ -1,0 +1,180 @@
+"""`lookahead`: model-free parallel drafting by Jacobi iteration (Fu et al. 2024, "Break the Sequential
+Dependency of LLM Inference Using Lookahead Decoding").
+
+Each target pass carries two branches under one attention mask:
+- the verification branch: up to G n-grams from a pool whose first token is the pending token, as a tree of
+  chains under the root (shared prefixes merged), verified like any draft (q one-hot: the pool is
+  deterministic given the context, so greedy and rejection sampling stay lossless);
+- the lookahead branch (an AuxBranch, never committed): a window of W columns x (N-1) levels of guesses. Level 0
+  is a chain from the root; level j of column i hangs off level j-1 of column i, so it sees exactly
+  root, level0[0..i], level1[i], ..., level_j[i] at consecutive positions. The target's argmax at the last level
+  is one Jacobi update of every column at once; column i yields the n-gram
+  (level0[i], ..., level_{N-2}[i], new[i]) for the pool, and the levels shift up by one.
+The pool is seeded with the prompt's n-grams and grows with the committed text as well.
+"""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..config import ConfigError, SpecConfig
+from .base import AuxBranch, BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """window W: Jacobi columns; ngram N: n-gram size (N-1 levels, candidates of N-1 tokens); candidates G:
+    n-grams verified per pass.
+
+    Defaults from measurement on the 2-core development CPU (SmolLM2-135M, code and summarisation prompts,
+    a shared machine): a pass of 8-32 tokens costs ~2.3x a one-token pass there, so what counts is tokens per
+    wide pass. Long candidates (N=6) did best (they copy longer spans of prompt and output); the window
+    added little over the pool of prompt/output n-grams, so it is kept narrow (W=2: passes of 11-31 tokens).
+    For the same reason a pass with nothing to verify (no pool n-gram starts with the pending token) is a
+    plain one-token pass without the window, unless every_step (the paper's schedule, for GPUs where width
+    is free)."""
+
+    window: int = 2
+    ngram: int = 6
+    candidates: int = 4
+    pool_per_key: int = 8  # n-grams kept per first token (most recent first)
+    seed: int = 0  # for the initial guesses drawn from the prompt
+    every_step: bool = False
+    min_match: int = 1  # 2: speculate only when some candidate also matches the token before the pending one
+
+    def __post_init__(self) -> None:
+        if self.window < 0 or self.ngram < 2 or self.candidates < 0:
+            raise ConfigError(
+                f"lookahead needs window >= 0, ngram >= 2, candidates >= 0; got {self.window}, {self.ngram}, "
+                f"{self.candidates}"
+            )
+
+
+class NgramPool:
+    """first token -> continuations of N-1 tokens, most recent first, without duplicates. Each continuation
+    remembers the token seen before its first token (its left context); lookups rank continuations whose
+    context matches the sequence's second-to-last token first (a 2-token match is a better bet than 1)."""
+
+    def __init__(self, per_key: int):
+        self.per_key = per_key
+        self.table: dict[int, OrderedDict[tuple[int, ...], int | None]] = {}
+
+    def add(self, key: int, continuation: tuple[int, ...], context: int | None = None) -> None:
+        entries = self.table.setdefault(key, OrderedDict())
+        entries[continuation] = context
+        entries.move_to_end(continuation, last=False)
+        while len(entries) > self.per_key:
+            entries.popitem(last=True)
+
+    def add_text(self, tokens: list[int], n: int, start: int = 0) -> None:
+        """Every complete n-gram of `tokens` beginning at index >= start, oldest first (so newest ranks first)."""
+        for i in range(start, len(tokens) - n + 1):
+            self.add(tokens[i], tuple(tokens[i + 1 : i + n]), tokens[i - 1] if i > 0 else None)
+
+    def get(self, key: int, limit: int, context: int | None = None) -> tuple[list[tuple[int, ...]], int]:
+        """-> (up to `limit` continuations, how many of them match `context` too; those come first)."""
+        entries = self.table.get(key, {})
+        matching = [c for c, ctx in entries.items() if context is not None and ctx == context]
+        return (matching + [c for c in entries if c not in matching])[:limit], min(len(matching), limit)
+
+
+def candidate_tree(candidates: list[tuple[int, ...]], depth: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Merge chains (each truncated to `depth`) into a trie under the root -> (tokens, parents).
+
+    Example: [(5, 6), (5, 7), (8,)] -> tokens (5, 6, 7, 8), parents (-1, 0, 0, -1)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for chain in candidates:
+        parent = -1
+        for token in chain[:depth]:
+            node = children.get((parent, token))
+            if node is None:
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                children[(parent, token)] = node
+            parent = node
+    return tuple(tokens), tuple(parents)
+
+
+def window_parents(window: int, levels: int) -> tuple[int, ...]:
+    """Aux parents of the W x (N-1) lookahead window, level-major (node j*W + i is level j, column i).
+
+    Example W=2, levels=2: level 0 = chain (-1, 0); level 1 hangs off level 0 of its column: (0, 1)."""
+    parents = [i - 1 for i in range(window)]
+    for level in range(1, levels):
+        parents.extend((level - 1) * window + i for i in range(window))
+    return tuple(parents)
+
+
+@dataclass
+class _State:
+    pool: NgramPool
+    levels: list[list[int]]  # N-1 rows of W guesses; levels[0] is the oldest
+    steps: int = 0  # Jacobi updates done (n-grams are harvested once every level came from the target)
+    indexed: int = 0  # committed tokens already added to the pool as n-grams
+    aux_parents: tuple[int, ...] = field(default_factory=tuple)
+    root: int | None = None  # the pending token the window last hung from
+
+
+class Lookahead(BaseDrafter):
+    name = "lookahead"
+
+    def __init__(self, config: LookaheadConfig | None = None):
+        self.config = config or LookaheadConfig()
+
+    def start(self, seq: SequenceContext) -> None:
+        c = self.config
+        pool = NgramPool(c.pool_per_key)
+        pool.add_text(seq.tokens, c.ngram)
+        rng = random.Random(c.seed)
+        guesses = seq.tokens or [0]
+        levels = [[rng.choice(guesses) for _ in range(c.window)] for _ in range(c.ngram - 1)]
+        seq.state = _State(pool, levels, indexed=len(seq.tokens), aux_parents=window_parents(c.window, c.ngram - 1))
+
+    def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
+        return [self._draft_one(seq) for seq in seqs]
+
+    def _draft_one(self, seq: SequenceContext) -> Draft:
+        if seq.k <= 0:
+            return Draft()
+        state: _State = seq.state
+        context = seq.tokens[-2] if len(seq.tokens) > 1 else None
+        candidates, matching = state.pool.get(seq.tokens[-1], self.config.candidates, context)
+        worth_it = matching > 0 if self.config.min_match >= 2 else bool(candidates)
+        if not worth_it and not self.config.every_step:
+            return Draft()
+        state.root = seq.tokens[-1]
+        tokens, parents = candidate_tree(candidates, seq.k)
+        aux = AuxBranch(tuple(t for level in state.levels for t in level), state.aux_parents)
+        return Draft(tokens, parents, None, aux)
+
+    def observe_aux(self, seq: SequenceContext, logits: torch.Tensor) -> None:
+        # logits: [(N-1) * W, vocab]; the last level's argmax is the new level
+        c, state = self.config, seq.state
+        last = logits[(c.ngram - 2) * c.window :].argmax(dim=-1).tolist()
+        state.steps += 1
+        if state.steps >= c.ngram - 1:  # every level now holds target outputs
+            for column in range(c.window):
+                gram = [level[column] for level in state.levels] + [last[column]]
+                before = state.levels[0][column - 1] if column else state.root
+                state.pool.add(gram[0], tuple(gram[1:]), before)
+        state.levels = state.levels[1:] + [last]
+
+    def observe(self, seq: SequenceContext, accepted: int) -> None:
+        state: _State = seq.state
+        n = self.config.ngram
+        state.pool.add_text(seq.tokens, n, start=max(0, state.indexed - n + 1))
+        state.indexed = len(seq.tokens)
+
+
+def _build(target, config: DrafterConfig, spec: SpecConfig) -> Lookahead:
+    return Lookahead(LookaheadConfig())
+
+
+SPEC = DrafterSpec("lookahead", _build, "Jacobi lookahead window + n-gram pool verified in one pass (model-free)")

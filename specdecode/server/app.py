@@ -1,0 +1,314 @@
+"""The FastAPI app: OpenAI-compatible routes over one Scheduler (which owns the Engine in its own thread).
+
+Handlers only parse, validate, tokenise and wait for events; all model work happens in the scheduler thread.
+Defaults follow OpenAI where it defines them (temperature 1, top_p 1, n 1); max_tokens defaults to the
+server's --default-max-tokens, clipped to the context left after the prompt.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from ..drafters.base import Drafter
+from ..drafters.none import NoDrafter
+from ..engine import Engine
+from ..target import Target
+from . import schemas as s
+from .errors import APIError, bad_request, from_validation
+from .metrics import ServerMetrics
+from .policy import SpecPolicy
+from .router import RoutingDrafter
+from .scheduler import (NO_SPECULATION, Failed, Finished, Job, QueueFull, RequestStats, Scheduler, SchedulerConfig,
+                        TextDelta, Ticket)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    max_batch: int = 8
+    max_queue: int = 64
+    default_max_tokens: int = 256
+
+
+@dataclass
+class Service:
+    """What the handlers share: read-only model facts, the scheduler, and the tokenizer (behind a lock, since
+    the scheduler thread detokenises with it)."""
+
+    config: ServerConfig
+    target: Target
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    tokenizer_lock: threading.Lock
+    created: int
+
+    @property
+    def drafters(self) -> list[str]:
+        return list(self.scheduler.router.drafters)
+
+
+def build_service(target: Target, drafters: Mapping[str, Drafter], default_drafter: str, config: ServerConfig,
+                  spec: SpecConfig | None = None, policy: SpecPolicy | None = None) -> Service:
+    if target.tokenizer is None:
+        raise ConfigError("the server needs a model with a tokenizer")
+    router = RoutingDrafter({NO_SPECULATION: NoDrafter(), **drafters}, default_drafter)
+    engine = Engine(target, router, spec or SpecConfig(), max_batch=config.max_batch)
+    metrics, lock = ServerMetrics(), threading.Lock()
+    scheduler = Scheduler(engine, router, SchedulerConfig(config.max_batch, config.max_queue), metrics, policy, lock)
+    return Service(config, target, scheduler, metrics, lock, int(time.time()))
+
+
+def create_app(service: Service) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.scheduler.start()
+        try:
+            yield
+        finally:
+            service.scheduler.stop()
+
+    app = FastAPI(title="specdecode", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(error.status_code, str(error.detail), kind).body(), status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, error: Exception) -> JSONResponse:
+        message = f"internal error: {type(error).__name__}: {error}"
+        return JSONResponse(APIError(500, message, "server_error").body(), status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "active": service.scheduler.active, "queued": service.scheduler.queued}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = s.ModelCard(id=service.config.model_name, created=service.created)
+        return s.ModelList(data=[card]).model_dump()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _counted(service, "completions", _handle(service, request, chat=False))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _counted(service, "chat_completions", _handle(service, request, chat=True))
+
+    return app
+
+
+async def _counted(service: Service, endpoint: str, work) -> Response:
+    try:
+        response = await work
+    except APIError as error:
+        service.metrics.requests.labels(endpoint, str(error.status)).inc()
+        raise
+    service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+    return response
+
+
+# -- one request -------------------------------------------------------------------------------------------------
+async def _handle(service: Service, request: Request, chat: bool) -> Response:
+    body = await request.body()
+    schema = s.ChatCompletionRequest if chat else s.CompletionRequest
+    try:
+        req = schema.model_validate_json(body)
+    except ValidationError as error:
+        raise from_validation(error) from None
+    for param, message in req.unsupported():
+        raise bad_request(message, param, "unsupported")
+    if req.model != service.config.model_name:
+        raise APIError(404, f"model {req.model!r} does not exist; this server serves {service.config.model_name!r}",
+                       param="model", code="model_not_found")
+    with service.tokenizer_lock:
+        prompt_ids = _encode_chat(service, req) if chat else _encode_prompt(service, req)
+    job = _job(service, req, prompt_ids)
+    ticket = Ticket(job, asyncio.get_running_loop())
+    try:
+        service.scheduler.submit(ticket)
+    except QueueFull as error:
+        raise APIError(429, str(error), "rate_limit_error", code="queue_full") from None
+    reply = _Reply(service.config.model_name, chat)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_sse(ticket, reply, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    watcher = asyncio.create_task(_watch_disconnect(request, ticket))
+    try:
+        pieces: list[str] = []
+        while True:
+            event = await ticket.next()
+            if isinstance(event, TextDelta):
+                pieces.append(event.text)
+            elif isinstance(event, Finished):
+                return JSONResponse(reply.whole("".join(pieces), event))
+            else:
+                raise APIError(event.status, event.message, "server_error", code="generation_failed")
+    finally:
+        watcher.cancel()
+        ticket.cancel()
+
+
+async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
+    """The body is read, so the next ASGI message is http.disconnect: free the request's row."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            ticket.cancel()
+            ticket.post(Failed("client disconnected", status=499))
+            return
+
+
+async def _sse(ticket: Ticket, reply: "_Reply", include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ending with [DONE]. On disconnect Starlette cancels this
+    generator; `finally` tells the scheduler, which frees the row before its next step."""
+    try:
+        if reply.chat:
+            yield _data(reply.chunk(role="assistant", text=""))
+        while True:
+            event = await ticket.next()
+            if isinstance(event, TextDelta):
+                if event.text:
+                    yield _data(reply.chunk(text=event.text))
+            elif isinstance(event, Finished):
+                yield _data(reply.chunk(text="", finish_reason=event.finish_reason))
+                if include_usage:
+                    yield _data(reply.usage_chunk(event.stats))
+                break
+            else:
+                yield _data(APIError(500, event.message, "server_error", code="generation_failed").body())
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        ticket.cancel()
+
+
+def _data(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+class _Reply:
+    """Builds response bodies for one request (same id and timestamp in every chunk)."""
+
+    def __init__(self, model: str, chat: bool):
+        self.model, self.chat = model, chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _head(self) -> dict:
+        return {"id": self.id, "created": self.created, "model": self.model}
+
+    def whole(self, text: str, event: Finished) -> dict:
+        usage = _usage(event.stats)
+        if self.chat:
+            choice = s.ChatChoice(message=s.AssistantMessage(content=text), finish_reason=event.finish_reason)
+            return s.ChatCompletion(**self._head(), choices=[choice], usage=usage).model_dump()
+        choice = s.CompletionChoice(text=text, finish_reason=event.finish_reason)
+        return s.Completion(**self._head(), choices=[choice], usage=usage).model_dump()
+
+    def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None) -> dict:
+        if self.chat:
+            choice = s.ChatChunkChoice(delta=s.Delta(role=role, content=text if role is None else ""),
+                                       finish_reason=finish_reason)
+            return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
+        return _dump(s.Completion(**self._head(), choices=[s.CompletionChoice(text=text, finish_reason=finish_reason)]))
+
+    def usage_chunk(self, stats: RequestStats) -> dict:
+        model = s.ChatCompletionChunk if self.chat else s.Completion
+        return model(**self._head(), choices=[], usage=_usage(stats)).model_dump()
+
+
+def _dump(model: BaseModel) -> dict:
+    body = model.model_dump()
+    if body.get("usage") is None:
+        body.pop("usage", None)
+    return body
+
+
+def _usage(stats: RequestStats) -> s.Usage:
+    return s.Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
+                   total_tokens=stats.prompt_tokens + stats.completion_tokens, tau=stats.tau,
+                   target_passes=stats.target_passes, acceptance_rate=stats.acceptance_rate, drafter=stats.drafter)
+
+
+# -- validation and encoding ---------------------------------------------------------------------------------------
+def _encode_prompt(service: Service, req: s.CompletionRequest) -> list[int]:
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        vocab = service.target.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt", "invalid_value")
+        return list(prompt)
+    text = prompt[0] if isinstance(prompt, list) and prompt else prompt
+    if not isinstance(text, str) or not text:
+        raise bad_request("the prompt is empty", "prompt", "invalid_value")
+    return [int(i) for i in service.target.tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+
+def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
+    tokenizer = service.target.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise bad_request("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as error:  # noqa: BLE001 - a template may reject a conversation (e.g. role order)
+        raise bad_request(f"the chat template rejected the messages: {error}", "messages", "invalid_value") from None
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(i) for i in ids]
+
+
+def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, prompt_ids: list[int]) -> Job:
+    if not prompt_ids:
+        raise bad_request("the prompt is empty", "prompt" if isinstance(req, s.CompletionRequest) else "messages")
+    context = service.target.max_positions
+    room = context - len(prompt_ids)
+    param, max_tokens = "max_tokens", req.max_tokens
+    if isinstance(req, s.ChatCompletionRequest) and req.max_completion_tokens is not None:
+        param, max_tokens = "max_completion_tokens", req.max_completion_tokens
+    if max_tokens is not None and max_tokens <= 0:
+        raise bad_request(f"{param} must be a positive integer, got {max_tokens}", param, "invalid_value")
+    if room < 1 or (max_tokens is not None and max_tokens > room):
+        raise bad_request(f"the prompt ({len(prompt_ids)} tokens) plus {param} ({max_tokens}) exceeds the model's "
+                          f"context of {context} tokens", param, "context_length_exceeded")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > 4:
+        raise bad_request("at most 4 stop sequences are allowed", "stop", "invalid_value")
+    spec = req.speculation or s.SpeculationOptions()
+    drafter = spec.drafter or service.scheduler.router.default
+    if drafter not in service.drafters:
+        raise bad_request(f"drafter {drafter!r} is not served here; choose one of: {', '.join(service.drafters)}",
+                          "speculation.drafter", "invalid_value")
+    if spec.k == 0:
+        drafter = NO_SPECULATION
+    try:
+        sampling = SamplingConfig(temperature=1.0 if req.temperature is None else req.temperature,
+                                  top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
+        generation = GenerationConfig(max_new_tokens=max_tokens or min(service.config.default_max_tokens, room),
+                                      stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x))
+    except ConfigError as error:
+        raise bad_request(str(error)) from None
+    return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k)

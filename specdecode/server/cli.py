@@ -1,0 +1,105 @@
+"""`specdecode serve`: the OpenAI-compatible server (uvicorn)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import ConfigError
+
+K_POLICIES = ("measured", "calibrate", "fixed")
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    from ..api import DEFAULT_DRAFTER
+    from ..cli import add_model_args
+
+    add_model_args(parser, DEFAULT_DRAFTER)
+    parser.add_argument("--allow-drafters", default="",
+                        help="comma-separated extra drafters a request may choose with "
+                             "{\"speculation\": {\"drafter\": NAME}} (the default drafter and 'none' always can)")
+    parser.add_argument("--served-model-name", default=None, help="the `model` name clients send")
+    parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    parser.add_argument("--max-queue", type=int, default=64, help="waiting requests before answering 429")
+    parser.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it")
+    parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
+                        help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU), "
+                             "calibrate (measure this model at startup), fixed (always --k)")
+
+
+def check_limits(args: argparse.Namespace) -> None:
+    for name, low in (("--max-batch", 1), ("--max-queue", 0), ("--default-max-tokens", 1)):
+        if getattr(args, name[2:].replace("-", "_")) < low:
+            raise ConfigError(f"{name} must be >= {low}")
+
+
+def build_service(args: argparse.Namespace):
+    """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started)."""
+    from ..cli import default_dtype, fast_config, spec_config
+    from ..drafters import build_drafter, registry
+    from ..models import load_model
+    from ..target import Target
+    from .app import ServerConfig, build_service as build
+    from .policy import SMOLLM2_CPU, SpecPolicy, calibrate
+
+    check_limits(args)
+    names = [args.drafter] + [n.strip() for n in args.allow_drafters.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry()]
+    if unknown:
+        raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
+    spec = spec_config(args)
+    if str(args.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda requested but no CUDA device is available")
+    loaded = load_model(args.model, device=args.device, dtype=default_dtype(args))
+    fast = fast_config(args)  # --compile: graphs are compiled per (batch size, block bucket) as they first occur
+    target = Target(loaded.model, loaded.tokenizer, fast)
+    drafters = {name: build_drafter(target, _drafter_config(args, name), spec)
+                for name in dict.fromkeys(names)}
+    policy = None
+    if args.k_policy == "measured":
+        policy = SpecPolicy(SMOLLM2_CPU, max_k=spec.max_k if spec.adaptive else spec.k)
+    elif args.k_policy == "calibrate":
+        table = calibrate(target, batches=_powers(args.max_batch))
+        print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
+        policy = SpecPolicy(table, max_k=spec.max_k if spec.adaptive else spec.k)
+    name = args.served_model_name or loaded.name
+    server = ServerConfig(name, args.max_batch, args.max_queue, args.default_max_tokens)
+    service = build(target, drafters, args.drafter, server, spec, policy)
+    if fast.enabled:
+        service.scheduler.engine.warmup()
+    return service
+
+
+def _drafter_config(args: argparse.Namespace, name: str):
+    from ..drafters import DrafterConfig
+
+    return DrafterConfig(name=name, draft_model=args.draft_model, exit_layer=args.exit_layer)
+
+
+def _powers(limit: int) -> tuple[int, ...]:
+    sizes, b = [], 1
+    while b < limit:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes + [limit])
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(build_service(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def register(subparsers, name: str) -> None:
+    parser = subparsers.add_parser(name, help="OpenAI-compatible HTTP server with batched speculative decoding")
+    add_server_args(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(func=cmd_serve)

@@ -1,0 +1,50 @@
+"""Prometheus metrics of one server instance, in its own registry (several apps may live in one process)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specdecode_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.finished = Counter("specdecode_generations", "Generations that left the batch, by finish reason",
+                                ["reason"], registry=r)
+        self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generated_tokens = Counter("specdecode_generated_tokens", "Tokens generated (committed)", registry=r)
+        self.target_passes = Counter("specdecode_target_passes",
+                                     "Batched target verification passes (one per scheduler step)", registry=r)
+        self.sequence_passes = Counter("specdecode_sequence_passes",
+                                       "Sequence-rows verified (a step over b rows adds b)", registry=r)
+        self.acceptance = Histogram("specdecode_acceptance_rate", "Per-generation draft acceptance rate",
+                                    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
+        self.tau = Histogram("specdecode_tau", "Per-generation tokens per target pass",
+                             buckets=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0), registry=r)
+        self.ttft = Histogram("specdecode_time_to_first_token_seconds", "Arrival to first generated token",
+                              buckets=_LATENCY, registry=r)
+        self.tpot = Histogram("specdecode_time_per_output_token_seconds",
+                              "Mean time per generated token after the first, per generation", buckets=_LATENCY,
+                              registry=r)
+        self.step_seconds = Histogram("specdecode_step_seconds", "One scheduler step (draft + verify + commit)",
+                                      buckets=_LATENCY, registry=r)
+        self.batch_size = Histogram("specdecode_batch_size", "Rows per step", buckets=(1, 2, 4, 8, 16, 32, 64),
+                                    registry=r)
+        self.k_cap = Gauge("specdecode_speculation_k_cap", "Draft length cap chosen for the last step", registry=r)
+        self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for a batch row", registry=r)
+        self.active = Gauge("specdecode_active_sequences", "Sequences in the batch", registry=r)
+
+    def watch(self, queued: Callable[[], int], active: Callable[[], int]) -> None:
+        """Read the queue depth and batch size live at scrape time."""
+        self.queue_depth.set_function(queued)
+        self.active.set_function(active)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,165 @@
+"""Per-step speculation length for a batch: draft K tokens per row only while it pays at this batch size.
+
+A verification pass over b rows of q tokens each costs cost(b, q) (a measured table). On a CPU the pass is
+compute-bound once b * q is large, so drafting K tokens for 16 rows costs several plain steps, while at batch 1
+it costs little more than one token. Each step the scheduler picks the cap K that maximises expected committed
+tokens per second over the batch (rows draft min(K, their own K)):
+
+    throughput(K) = sum_i E_i(K) / (P * cost(b, K + 1) + (1 - P) * cost(b, 1) + draft_ms_per_k * K)
+    E_i(K) = 1 + p_i * (a_i + a_i^2 + ... + a_i^K)     (rows that do not speculate: E_i = 1)
+    P = 1 - prod_i (1 - p_i)                          (the block is padded to its longest draft)
+
+where a_i is row i's per-token acceptance probability (accepted / tried draft tokens, with a prior) and p_i the
+fraction of its steps whose drafter proposed anything (prompt lookup often finds nothing, and then costs
+nothing). K = 0 is plain decoding. The evidence decays every step (`memory`), so a row whose speculation was
+switched off drifts back to the prior and is tried again later instead of staying off forever. The draft cost
+per unit of K is measured online by the scheduler (it matters for model drafters, ~0 for prompt lookup).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..target import Target
+from ..trees import build_block
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Verification-pass cost in ms over a grid: ms[i][j] for batch sizes[i] and q (tokens per row) qs[j]."""
+
+    batches: tuple[int, ...]
+    qs: tuple[int, ...]
+    ms: tuple[tuple[float, ...], ...]  # [len(batches)][len(qs)]
+
+    def cost(self, batch: int, q: int) -> float:
+        """Bilinear interpolation; linear extrapolation beyond the grid's last points, clamped below."""
+        row = [_interpolate(self.qs, values, q) for values in self.ms]
+        return _interpolate(self.batches, row, batch)
+
+    def markdown(self) -> str:
+        head = "| batch \\ tokens per row | " + " | ".join(str(q) for q in self.qs) + " |"
+        rule = "|---" * (len(self.qs) + 1) + "|"
+        rows = [f"| {b} | " + " | ".join(f"{v:.0f}" for v in values) + " |" for b, values in zip(self.batches, self.ms)]
+        return "\n".join([head, rule, *rows])
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+# SmolLM2-135M-Instruct, fp32, the project's 2-core CPU dev machine, 2 torch threads, 256 cached tokens, eager,
+# through Target.forward; each cell the fastest of 8 interleaved rounds (`calibrate`). The machine was shared
+# (load 4-5 on 2 cores), so single cells are noisy (e.g. b=1, q=7); the shape is what matters. Note the bump at
+# b * q = 2..3 tokens (fp32 GEMMs with 2-3 rows are slower than with 4-8 on this CPU): K = 1-2 at batch 1 costs
+# more than K = 3-4. Re-measure with `specdecode serve --k-policy calibrate` (it prints the table).
+SMOLLM2_CPU = CostTable(
+    batches=(1, 2, 4, 8, 16),
+    qs=(1, 2, 3, 4, 5, 7, 9),
+    ms=(
+        (59.0, 99.7, 117.4, 88.2, 87.0, 120.1, 101.9),
+        (96.2, 90.3, 102.9, 92.0, 112.4, 113.6, 128.3),
+        (92.6, 96.8, 113.6, 119.1, 129.9, 152.9, 162.5),
+        (107.2, 135.7, 149.6, 180.8, 197.2, 237.4, 264.2),
+        (117.9, 209.1, 244.1, 278.9, 320.4, 391.3, 451.2),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class RowEstimate:
+    """What the policy knows about one speculating row."""
+
+    alpha: float  # per-token acceptance probability
+    p_draft: float  # fraction of steps that produced a non-empty draft
+    max_k: int  # the row's own cap (request k / adaptive k)
+
+
+@dataclass(frozen=True)
+class SpecPolicy:
+    """Chooses the batch's draft-length cap each step from a cost table (see the module docstring)."""
+
+    table: CostTable
+    max_k: int = 8
+    prior_alpha: float = 0.6
+    prior_weight: float = 4.0  # pseudo-trials behind prior_alpha
+    memory: float = 0.9  # per-step decay of a row's evidence (about the last 10 steps count)
+    min_gain: float = 1.02  # a longer K must beat the best so far by this factor (table noise must not flip K)
+
+    def expected_tokens(self, row: RowEstimate, k: int) -> float:
+        k = min(k, row.max_k)
+        return 1.0 + row.p_draft * sum(row.alpha ** j for j in range(1, k + 1))
+
+    def choose_k(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float = 0.0) -> int:
+        """batch: all rows in the step; rows: the speculating ones. Returns the cap K (0 = plain decoding)."""
+        if not rows:
+            return 0
+        plain_cost = self.table.cost(batch, 1)
+        any_draft = 1.0 - math.prod(1.0 - row.p_draft for row in rows)
+        longest = max(row.max_k for row in rows)
+        best_k, best = 0, batch / plain_cost
+        for k in range(1, min(self.max_k, longest) + 1):
+            tokens = batch - len(rows) + sum(self.expected_tokens(row, k) for row in rows)
+            cost = any_draft * self.table.cost(batch, 1 + k) + (1 - any_draft) * plain_cost + draft_ms_per_k * k
+            if tokens / cost > best * self.min_gain:
+                best_k, best = k, tokens / cost
+        return best_k
+
+
+@dataclass
+class AcceptanceStats:
+    """Per-row acceptance evidence (decaying), updated by the scheduler after every step."""
+
+    trials: float = 0.0  # draft tokens the target looked at with all earlier ones accepted
+    accepted: float = 0.0
+    spec_steps: float = 0.0  # steps where the row was allowed to draft
+    drafted_steps: float = 0.0  # ... and its drafter proposed something
+
+    def observe(self, allowed_k: int, depth: int, accepted: int, memory: float = 1.0) -> None:
+        self.trials, self.accepted = self.trials * memory, self.accepted * memory
+        self.spec_steps, self.drafted_steps = self.spec_steps * memory, self.drafted_steps * memory
+        if allowed_k <= 0:
+            return
+        self.spec_steps += 1
+        if depth > 0:
+            self.drafted_steps += 1
+            self.trials += min(accepted + 1, depth)
+            self.accepted += accepted
+
+    def estimate(self, policy: SpecPolicy, max_k: int) -> RowEstimate:
+        alpha = (self.accepted + policy.prior_alpha * policy.prior_weight) / (self.trials + policy.prior_weight)
+        p_draft = (self.drafted_steps + 1.0) / (self.spec_steps + 1.0)
+        return RowEstimate(min(alpha, 0.99), min(p_draft, 1.0), max_k)
+
+
+def calibrate(target: Target, batches: Sequence[int] = (1, 2, 4, 8, 16),
+              qs: Sequence[int] = (1, 2, 3, 4, 5, 7, 9), context: int = 256, repeats: int = 5) -> CostTable:
+    """Measure cost(b, q): a chain block of q tokens per row over `context` cached tokens. Each round times every
+    cell once (so a burst of load elsewhere hits all cells alike); a cell's cost is its fastest round, the least
+    disturbed estimate on a shared machine. The first round only warms up."""
+    cache = target.new_cache(rows=max(batches), capacity=context + max(qs) + 1)
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, target.vocab_size, (context,), generator=generator).tolist()
+    for row in range(max(batches)):  # fill the cache: attention reads real (not zero) keys
+        block = build_block([0], [prefix], [list(range(-1, context - 1))], target.pad_id, target.device)
+        target.forward(cache, [row], block, keep="last")
+    blocks = {(b, q): build_block([context] * b, [prefix[:q]] * b, [list(range(-1, q - 1))] * b, target.pad_id,
+                                  target.device) for b in batches for q in qs}
+    best = {cell: float("inf") for cell in blocks}
+    for round_ in range(repeats + 1):
+        for (b, q), block in blocks.items():
+            began = time.perf_counter()
+            target.forward(cache, list(range(b)), block)
+            if round_:
+                best[b, q] = min(best[b, q], (time.perf_counter() - began) * 1000)
+    ms = tuple(tuple(round(best[b, q], 1) for q in qs) for b in batches)
+    return CostTable(tuple(batches), tuple(qs), ms)

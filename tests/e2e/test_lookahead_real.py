@@ -1,0 +1,31 @@
+"""Lookahead decoding on the real default model (SmolLM2-135M-Instruct): greedy output equals plain decoding."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.engine import Engine
+
+PROMPTS = [
+    "Write a Python function that returns the sum of the squares of a list of numbers.",
+    "Summarise in two sentences: The library opened a new reading room on Monday. The room has forty seats, "
+    "large windows and quiet study booths, and it stays open until ten in the evening on weekdays.",
+]
+
+
+@pytest.mark.slow
+def test_lookahead_greedy_equals_plain(default_target):
+    tokenizer = default_target.tokenizer
+    generation = GenerationConfig(max_new_tokens=48)
+    plain = Engine(default_target, build_drafter(default_target, DrafterConfig(name="none")))
+    lookahead = Engine(default_target, build_drafter(default_target, DrafterConfig(name="lookahead")), SpecConfig())
+    accepted = 0
+    for text in PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        result = lookahead.generate(ids, generation=generation)
+        assert result.token_ids == plain.generate(ids, generation=generation).token_ids
+        accepted += result.metrics.accepted
+    assert accepted > 0

@@ -1,0 +1,258 @@
+"""The OpenAI-compatible server on a tiny random Llama: a real uvicorn server on 127.0.0.1, the official `openai`
+client (streaming and not), raw HTTP for malformed requests, 429 from a full queue, client disconnects, and
+a failing request that fails alone."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.base import BaseDrafter
+from specdecode.server.app import create_app
+from specdecode.server.background import BackgroundServer
+from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, tiny_service
+
+
+class Exploding(BaseDrafter):
+    """A drafter that raises: requests that choose it must fail, and only they."""
+
+    name = "explode"
+
+    def propose(self, seqs):
+        raise RuntimeError("drafter exploded")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target):
+    drafters = {name: build_drafter(tiny_target, DrafterConfig(name=name), SPEC)
+                for name in ("prompt-lookup", "layer-skip")}
+    service = tiny_service(tiny_target, {**drafters, "explode": Exploding()})
+    with BackgroundServer(create_app(service)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def one_row_server(tiny_target):
+    """One batch row and one queue slot: the second waiting request is refused."""
+    with BackgroundServer(create_app(tiny_service(tiny_target, max_batch=1, max_queue=1))) as running:
+        yield running
+
+
+def _state(server) -> dict:
+    return httpx.get(server.url + "/health").json()
+
+
+def _wait_idle(server, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (state := _state(server))["active"] or state["queued"]:
+        assert time.monotonic() < deadline, f"server still busy: {state}"
+        time.sleep(0.02)
+    return state
+
+
+def _free_rows(server) -> list[int]:
+    return sorted(server.app.state.service.scheduler.engine._free_rows)
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert _state(server)["status"] == "ok"
+    client.completions.create(model=MODEL, prompt="metrics please", max_tokens=4, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("specdecode_requests_total", "specdecode_generated_tokens_total", "specdecode_target_passes_total",
+                 "specdecode_acceptance_rate_bucket", "specdecode_tau_bucket", "specdecode_queue_depth",
+                 "specdecode_time_to_first_token_seconds_bucket", "specdecode_time_per_output_token_seconds_bucket"):
+        assert name in text, name
+    assert 'specdecode_requests_total{endpoint="completions",status="200"}' in text
+
+
+@pytest.mark.parametrize("drafter", [None, "none", "layer-skip"])
+def test_completion_equals_single_request_greedy(tiny_target, client, drafter):
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
+    expected = reference(tiny_target, tiny_target.tokenizer(prompt)["input_ids"], 24)
+    extra = {} if drafter is None else {"speculation": {"drafter": drafter}}
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, extra_body=extra)
+    assert reply.choices[0].text == expected.text
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert reply.usage.drafter == (drafter or "prompt-lookup")
+    assert 1.0 <= reply.usage.tau <= SPEC.k + 1
+    assert reply.choices[0].finish_reason == ("stop" if expected.finish_reason == "eos" else "length")
+
+
+def test_chat_stream_equals_single_request_greedy(tiny_target, client):
+    content = "Write a haiku about the sea."
+    expected = reference(tiny_target, chat_ids(tiny_target.tokenizer, content), 20, "layer-skip")
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"speculation": {"drafter": "layer-skip", "k": 3}}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected.text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["stop" if expected.finish_reason == "eos" else "length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert chunks[-1].usage.tau >= 1.0
+
+
+def test_completion_stream_and_stop_string(tiny_target, client):
+    prompt = "Once upon a time"
+    ids = tiny_target.tokenizer(prompt)["input_ids"]
+    full = reference(tiny_target, ids, 24)
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 2]
+    expected = reference(tiny_target, ids, 24, stop=(stop,))
+    assert stop and expected.text == full.text[: full.text.find(stop)]
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+                                       stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kwargs = dict(model=MODEL, prompt="Dear Sir or Madam,", max_tokens=16, temperature=0.9, top_p=0.9, seed=11)
+    first, second = (client.completions.create(**kwargs).choices[0].text for _ in range(2))
+    assert first == second
+
+
+BAD_REQUESTS = [
+    (b"{", 400, "invalid_json", None),
+    (b"[1, 2]", 400, "invalid_type", None),
+    (b'{"model": "tiny"}', 400, "missing_field", "prompt"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": "5"}', 400, "invalid_value", "max_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": 2.5}', 400, "invalid_value", "max_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "stream": "yes"}', 400, "invalid_value", "stream"),
+    (b'{"model": "tiny", "prompt": "x", "temperature": "hot"}', 400, "invalid_value", "temperature"),
+    (b'{"model": "tiny", "prompt": "x", "stop": [1, 2]}', 400, "invalid_value", "stop"),
+    (b'{"model": "tiny", "prompt": "x", "speculation": {"k": "3"}}', 400, "invalid_value", "speculation.k"),
+    (b'{"model": "tiny", "prompt": "x", "speculation": {"drafter": "nope"}}', 400, "invalid_value",
+     "speculation.drafter"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": 0}', 400, "invalid_value", "max_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": -3}', 400, "invalid_value", "max_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400, "context_length_exceeded", "max_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "n": 2}', 400, "unsupported", "n"),
+    (b'{"model": "tiny", "prompt": "x", "logprobs": 3}', 400, "unsupported", "logprobs"),
+    (b'{"model": "tiny", "prompt": "x", "presence_penalty": 0.5}', 400, "unsupported", "presence_penalty"),
+    (b'{"model": "tiny", "prompt": "", "max_tokens": 2}', 400, "invalid_value", "prompt"),
+    (b'{"model": "tiny", "prompt": [999999]}', 400, "invalid_value", "prompt"),
+    (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),
+]
+
+
+@pytest.mark.parametrize("body,status,code,param", BAD_REQUESTS)
+def test_malformed_completion_requests(server, body, status, code, param):
+    reply = httpx.post(server.url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"]) == (code, param)
+    assert error["message"] and "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": MODEL, "messages": []}, "messages"),
+    ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+     "max_completion_tokens"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+])
+def test_malformed_chat_requests(server, body, param):
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_unknown_fields_are_ignored_and_openai_client_errors_are_typed(server, client):
+    reply = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2,
+                                                             "temperature": 0, "some_proxy_field": {"a": [1]}})
+    assert reply.status_code == 200, reply.text
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=0)
+    assert httpx.get(server.url + "/v1/nothing-here").json()["error"]["type"] == "not_found_error"
+
+
+def test_failing_request_fails_alone(tiny_target, server, client):
+    prompt = "Why is the sky blue? Explain briefly."
+    expected = reference(tiny_target, tiny_target.tokenizer(prompt)["input_ids"], 40, stop_on_eos=False)
+    assert len(expected.token_ids) == 40
+    good = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True})
+    first = next(iter(good))  # the good request is in the batch when the bad one arrives
+    with pytest.raises(openai.APIError, match="exploded"):
+        list(client.completions.create(model=MODEL, prompt="boom", max_tokens=8, temperature=0, stream=True,
+                                       extra_body={"speculation": {"drafter": "explode"}}))
+    reply = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "boom", "max_tokens": 8,
+                                                             "speculation": {"drafter": "explode"}})
+    assert reply.status_code == 500 and "exploded" in reply.json()["error"]["message"]
+    assert first.choices[0].text + "".join(c.choices[0].text for c in good) == expected.text
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert again.choices[0].text == expected.text
+    _wait_idle(server)
+    assert _free_rows(server) == list(range(8))
+
+
+def test_full_queue_answers_429_and_disconnects_free_rows(one_row_server):
+    url = one_row_server.url + "/v1/completions"
+    body = {"model": MODEL, "prompt": "hold the row", "max_tokens": 900, "temperature": 0, "stream": True,
+            "ignore_eos": True, "speculation": {"drafter": "none"}}
+    with httpx.Client(timeout=30) as first, httpx.Client(timeout=30) as second:
+        with first.stream("POST", url, json=body) as running:
+            lines = running.iter_lines()
+            assert next(lines).startswith("data: ")  # the row is taken and decoding
+            with second.stream("POST", url, json=body) as waiting:
+                deadline = time.monotonic() + 5
+                while _state(one_row_server)["queued"] < 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                refused = httpx.post(url, json=body)
+                assert refused.status_code == 429
+                assert refused.json()["error"]["type"] == "rate_limit_error"
+                assert waiting.status_code == 200
+        # both clients hung up mid-stream: the rows and the queue empty within a step or so
+        state = _wait_idle(one_row_server, timeout=3.0)
+    assert state == {"status": "ok", "active": 0, "queued": 0}
+    assert _free_rows(one_row_server) == [0]
+    metrics = httpx.get(one_row_server.url + "/metrics").text
+    assert 'specdecode_generations_total{reason="abort"}' in metrics
+
+
+def test_non_streaming_disconnect_frees_row(one_row_server):
+    body = {"model": MODEL, "prompt": "hold the row", "max_tokens": 900, "temperature": 0, "ignore_eos": True,
+            "speculation": {"drafter": "none"}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(one_row_server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    _wait_idle(one_row_server, timeout=3.0)
+    reply = httpx.post(one_row_server.url + "/v1/completions", json={**body, "max_tokens": 3})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_sse_wire_format(server):
+    body = {"model": MODEL, "prompt": "wire", "max_tokens": 3, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body) as reply:
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in reply.iter_lines() if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"text_completion"} and len({c["id"] for c in chunks}) == 1

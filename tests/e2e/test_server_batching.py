@@ -1,0 +1,79 @@
+"""Batched speculative decoding: a request's output is the same alone or in a batch of 16 mixed-length prompts
+that join at different steps (ragged acceptance, continuous batching), token for token. Greedy on the tiny
+model and the default model; seeded sampling on the tiny model (each row has its own generator)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode.config import SamplingConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.engine import Engine
+from tests.e2e.server_util import PROMPTS, SPEC, chat_ids, reference, staggered
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: intra-op threads only add contention
+    yield
+    torch.set_num_threads(threads)
+
+
+def _lengths(n: int, base: int) -> list[int]:
+    return [base + 4 * (i % 5) for i in range(n)]
+
+
+def _accepted(engine: Engine, prompts, lengths, sampling=None) -> tuple[list[list[int]], int]:
+    seqs_accepted = []
+    original_release = engine.release
+
+    def release(seq):
+        seqs_accepted.append(seq.metrics.accepted)
+        original_release(seq)
+
+    engine.release = release  # count accepted draft tokens of the batched run
+    outputs = staggered(engine, prompts, lengths, sampling)
+    return outputs, sum(seqs_accepted)
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "layer-skip"])
+def test_tiny_batch_of_16_equals_alone(tiny_target, drafter):
+    prompts = [tiny_target.tokenizer(p)["input_ids"] for p in PROMPTS]
+    lengths = _lengths(len(prompts), 12)
+    alone = [reference(tiny_target, p, n, drafter).token_ids for p, n in zip(prompts, lengths)]
+    engine = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig(name=drafter), SPEC), SPEC, max_batch=16)
+    batched, accepted = _accepted(engine, prompts, lengths)
+    assert batched == alone
+    assert [len(o) for o in batched] == lengths or any(o and o[-1] in tiny_target.eos_ids for o in batched)
+    if drafter != "none":
+        assert accepted > 0, "no draft token was accepted in the batch: ragged acceptance was not exercised"
+    assert sorted(engine._free_rows) == list(range(16))
+
+
+def test_tiny_seeded_sampling_batch_equals_alone(tiny_target):
+    prompts = [tiny_target.tokenizer(p)["input_ids"] for p in PROMPTS[:8]]
+    lengths = _lengths(len(prompts), 8)
+    sampling = SamplingConfig(temperature=0.9, top_p=0.95, seed=7)
+    alone = [reference(tiny_target, p, n, "layer-skip", sampling).token_ids for p, n in zip(prompts, lengths)]
+    engine = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig(name="layer-skip"), SPEC), SPEC, max_batch=8)
+    assert staggered(engine, prompts, lengths, sampling) == alone
+
+
+@pytest.mark.slow
+def test_default_model_batch_of_16_equals_alone(default_target):
+    tokenizer = default_target.tokenizer
+    prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
+    assert len({len(p) for p in prompts}) > 8  # mixed lengths
+    lengths = _lengths(len(prompts), 8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = [reference(default_target, p, n, "prompt-lookup").token_ids for p, n in zip(prompts, lengths)]
+        engine = Engine(default_target, build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC), SPEC,
+                        max_batch=16)
+        batched, accepted = _accepted(engine, prompts, lengths)
+    finally:
+        torch.set_num_threads(threads)
+    assert batched == alone
+    assert accepted > 0

@@ -1,0 +1,44 @@
+"""`specdecode serve` / `bench-serve` flags: bad input is one line and exit 2; bench-serve prints its table
+(tiny model saved to a directory, so the real loading path runs)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode.cli import main
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "--max-batch", "0"], "--max-batch must be >= 1"),
+    (["serve", "--allow-drafters", "nope"], "unknown drafter 'nope'"),
+    (["serve", "--model", "/does/not/exist"], "model not found"),
+    (["bench-serve", "--concurrency", "1,x"], "--concurrency must be comma-separated integers"),
+    (["bench-serve", "--max-batch", "0"], "--max-batch must be >= 1"),
+])
+def test_bad_flags_exit_2_with_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_bench_serve_prints_a_table(capsys, tiny_model_dir, tmp_path):
+    out = tmp_path / "table.md"
+    argv = ["bench-serve", "--model", tiny_model_dir, "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4",
+            "--k-policy", "calibrate", "--out", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    table = captured.out.strip().splitlines()
+    assert table[0].startswith("| concurrency | speculation |") and len(table) == 2 + 4
+    assert [row.split("|")[1:3] for row in table[2:]] == [[" 1 ", " on "], [" 1 ", " off "], [" 2 ", " off "],
+                                                           [" 2 ", " on "]]
+    assert all(int(row.split("|")[4]) > 0 for row in table[2:])  # tokens generated
+    assert "verify-pass cost (ms)" in captured.err
+    assert out.read_text().strip() == captured.out.strip()

@@ -1,0 +1,44 @@
+"""The server on the default model (SmolLM2-135M-Instruct): two concurrent chat requests through the `openai`
+client, streaming and not, each equal to its single-request greedy output."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.server.app import ServerConfig, build_service, create_app
+from specdecode.server.background import BackgroundServer
+from specdecode.server.policy import SMOLLM2_CPU, SpecPolicy
+from tests.e2e.server_util import SPEC, chat_ids, reference
+
+QUESTIONS = ["List the days of the week, separated by commas.",
+             "Repeat after me: the cat sat on the mat, the cat sat on the mat."]
+MAX_TOKENS = 24
+
+
+@pytest.mark.slow
+def test_default_model_concurrent_chat(default_target):
+    expected = [reference(default_target, chat_ids(default_target.tokenizer, q), MAX_TOKENS).text for q in QUESTIONS]
+    drafters = {"prompt-lookup": build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC)}
+    service = build_service(default_target, drafters, "prompt-lookup", ServerConfig("smollm2", max_batch=4), SPEC,
+                            SpecPolicy(SMOLLM2_CPU, max_k=SPEC.k))
+    with BackgroundServer(create_app(service)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+        def ask(i: int) -> tuple[str, float]:
+            messages = [{"role": "user", "content": QUESTIONS[i]}]
+            if i == 0:
+                chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_TOKENS,
+                                                             temperature=0, stream=True,
+                                                             stream_options={"include_usage": True}))
+                return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage.tau
+            reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_TOKENS,
+                                                   temperature=0)
+            return reply.choices[0].message.content, reply.usage.tau
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(ask, range(2)))
+    assert [text for text, _ in answers] == expected
+    assert all(tau >= 1.0 for _, tau in answers)

@@ -1,0 +1,134 @@
+"""Cross-tokenizer drafting: the text bridge by table (partial UTF-8, merges across the committed/draft
+boundary), and greedy equivalence with plain decoding for two tiny models with different tokenizers."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdecode.drafters.draft_model import DraftModel
+from specdecode.drafters.none import SPEC as NONE_SPEC
+from specdecode.drafters.text_bridge import appended_text, committed_text, continuation_ids, encode
+from specdecode.engine import Engine
+from specdecode.target import Target
+from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
+from tests.tiny_pair import bpe_tokenizer, char_tokenizer, tiny_pair
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return bpe_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chars():
+    return char_tokenizer()
+
+
+def test_tokenizers_really_differ(bpe, chars):
+    assert bpe.tokenize("the cat sat") == ["the", "Ġc", "at", "Ġsat"]
+    assert len(chars("the cat sat")["input_ids"]) == 11
+
+
+def test_committed_text_waits_for_a_whole_character():
+    byte = byte_tokenizer()
+    ids = encode(byte, "café")  # é is two byte tokens
+    assert committed_text(byte, ids) == "café"
+    assert committed_text(byte, ids[:-1]) is None
+
+
+@pytest.mark.parametrize("context, new, expected", [
+    ("the cat", " sat on", " sat on"),
+    ("the", " cat", " cat"),
+    ("", "the mat", "the mat"),
+])
+def test_appended_text(bpe, context, new, expected):
+    assert appended_text(bpe, encode(bpe, context), encode(bpe, new)) == expected
+
+
+def test_appended_text_drops_a_partial_character():
+    byte = byte_tokenizer()
+    new = encode(byte, " é")
+    assert appended_text(byte, encode(byte, "the"), new[:-1]) == " "
+    assert appended_text(byte, encode(byte, "the"), new) == " é"
+
+
+@pytest.mark.parametrize("committed, text", [
+    ("the cat", " sat on the mat"),  # plain continuation
+    ("th", "e cat"),  # "the" would merge across the boundary: the draft must not rewrite "th"
+    ("the cat s", "at on"),  # " sat" straddles the boundary
+    ("the", " "),
+])
+def test_continuation_never_rewrites_committed_ids(bpe, committed, text):
+    committed_ids = [bpe.convert_tokens_to_ids(t) for t in bpe.tokenize(committed)]
+    ids = continuation_ids(bpe, committed_ids, text)
+    assert ids
+    assert bpe.decode(committed_ids + ids) == committed + text
+
+
+def test_continuation_of_a_straddling_merge_is_the_text_alone(bpe):
+    committed_ids = encode(bpe, "th")
+    assert continuation_ids(bpe, committed_ids, "e cat") == encode(bpe, "e cat")
+
+
+def test_continuation_is_empty_when_the_target_cannot_spell_the_text(chars):
+    assert continuation_ids(chars, encode(chars, "the"), " é") == []  # é is not in the character vocabulary
+    assert continuation_ids(chars, encode(chars, "the"), "") == []
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+PROMPTS = ["the cat sat", "a quick", "def add(a", "she sells", "print(", "the moon", "the "]
+
+
+def prompt_ids(target: Target, text: str) -> list[int]:
+    return [1] + target.tokenizer(text)["input_ids"]
+
+
+def test_greedy_equals_plain(pair):
+    target, draft = pair
+    generation = GenerationConfig(max_new_tokens=24)
+    plain = Engine(target, NONE_SPEC.build(target, DrafterConfig(), SpecConfig()))
+    engine = Engine(target, CrossTokenizerDrafter(draft, target), SpecConfig(k=4))
+    accepted = proposed = 0
+    for text in PROMPTS:
+        ids = prompt_ids(target, text)
+        result = engine.generate(ids, generation=generation)
+        assert result.token_ids == plain.generate(ids, generation=generation).token_ids, text
+        accepted, proposed = accepted + result.metrics.accepted, proposed + result.metrics.proposed
+    assert proposed > 0 and 0 < accepted < proposed  # drafts were both accepted and rejected
+
+
+def test_greedy_batch_with_adaptive_k_equals_plain(pair):
+    target, draft = pair
+    generation = GenerationConfig(max_new_tokens=20)
+    plain = Engine(target, NONE_SPEC.build(target, DrafterConfig(), SpecConfig()))
+    expected = [plain.generate(prompt_ids(target, t), generation=generation).token_ids for t in PROMPTS[:3]]
+    spec = SpecConfig(k=2, adaptive=True, max_k=6)
+    engine = Engine(target, CrossTokenizerDrafter(draft, target), spec, max_batch=3)
+    seqs = [engine.start(prompt_ids(target, t), SamplingConfig(), generation) for t in PROMPTS[:3]]
+    while not all(s.finished for s in seqs):
+        engine.step([s for s in seqs if not s.finished])
+    for seq, want in zip(seqs, expected):
+        assert seq.output_ids == want
+        engine.release(seq)
+
+
+def test_draft_model_switches_to_text_drafting_when_tokenizers_differ(pair, tmp_path):
+    target, draft = pair
+    draft_dir = save_tiny(tmp_path / "draft", draft.model, draft.tokenizer)
+    drafter = build_drafter(target, DrafterConfig(name="draft-model", draft_model=draft_dir), SpecConfig())
+    assert isinstance(drafter, CrossTokenizerDrafter)
+    same_dir = save_tiny(tmp_path / "same", tiny_llama(vocab_size=target.vocab_size, layers=1, seed=7),
+                         target.tokenizer)
+    assert isinstance(build_drafter(target, DrafterConfig(name="draft-model", draft_model=same_dir)), DraftModel)
+
+
+def test_needs_both_tokenizers(pair):
+    target, draft = pair
+    with pytest.raises(ConfigError):
+        CrossTokenizerDrafter(Target(draft.model), target)

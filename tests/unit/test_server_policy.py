@@ -1,0 +1,78 @@
+"""The per-step speculation-length policy: table interpolation, and K chosen from cost vs expected tokens."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode.server.policy import SMOLLM2_CPU, AcceptanceStats, CostTable, RowEstimate, SpecPolicy
+
+# A CPU-like table: at batch 1 extra tokens are cheap; at batch 16 the pass grows ~linearly with tokens.
+TABLE = CostTable(batches=(1, 16), qs=(1, 5), ms=((100.0, 140.0), (400.0, 1600.0)))
+
+
+@pytest.mark.parametrize("batch,q,ms", [
+    (1, 1, 100.0), (1, 5, 140.0), (1, 3, 120.0), (16, 5, 1600.0), (16, 3, 1000.0),
+    (0, 1, 100.0),  # below the grid: clamped
+    (1, 9, 180.0),  # beyond the grid: linear extrapolation
+])
+def test_cost_interpolates(batch, q, ms):
+    assert TABLE.cost(batch, q) == pytest.approx(ms)
+
+
+def _rows(n: int, alpha: float, p: float = 1.0, k: int = 4) -> list[RowEstimate]:
+    return [RowEstimate(alpha, p, k) for _ in range(n)]
+
+
+@pytest.mark.parametrize("batch,alpha,p,expected", [
+    (1, 0.8, 1.0, 4),  # cheap extra tokens, good drafts: full K
+    (1, 0.05, 1.0, 0),  # drafts never accepted: speculation costs 40% for nothing
+    (1, 0.8, 0.1, 4),  # a drafter that rarely finds a draft costs nothing when it finds none
+    (16, 0.8, 0.1, 0),  # ... but in a batch of 16 some row almost always drafts, and the block is padded
+    (16, 0.6, 1.0, 0),  # compute-bound batch: K=1 costs 1.75x for 1.6x the tokens
+    (16, 0.95, 1.0, 2),  # only near-certain drafts pay at batch 16, and a shorter one (K=2: 2.85 tokens, 2.5x)
+])
+def test_choose_k(batch, alpha, p, expected):
+    policy = SpecPolicy(TABLE, max_k=4)
+    assert policy.choose_k(batch, _rows(batch, alpha, p)) == expected
+
+
+def test_choose_k_counts_plain_rows_and_draft_cost():
+    policy = SpecPolicy(TABLE, max_k=4)
+    assert policy.choose_k(4, []) == 0  # nobody speculates
+    assert policy.choose_k(1, _rows(1, 0.8), draft_ms_per_k=0.0) == 4
+    assert policy.choose_k(1, _rows(1, 0.8), draft_ms_per_k=200.0) == 0  # drafting dearer than it saves
+    assert policy.choose_k(1, _rows(1, 0.9, k=2)) == 2  # a row's own K bounds the cap
+
+
+def test_measured_table_turns_speculation_down_as_the_batch_grows():
+    policy = SpecPolicy(SMOLLM2_CPU, max_k=5)
+    ks = [policy.choose_k(b, _rows(b, 0.6, 0.7, 5)) for b in (1, 2, 4, 8, 16)]
+    assert ks[0] > 0 and ks[-1] == 0
+    assert ks == sorted(ks, reverse=True)
+
+
+def test_acceptance_stats():
+    stats = AcceptanceStats()
+    policy = SpecPolicy(TABLE, prior_alpha=0.5, prior_weight=2.0)
+    assert stats.estimate(policy, 4) == RowEstimate(0.5, 1.0, 4)  # the prior
+    stats.observe(allowed_k=4, depth=4, accepted=4)  # 4 tried, 4 accepted
+    stats.observe(allowed_k=4, depth=4, accepted=1)  # 2 tried (the second rejected), 1 accepted
+    stats.observe(allowed_k=4, depth=0, accepted=0)  # no draft found
+    stats.observe(allowed_k=0, depth=0, accepted=0)  # not allowed to draft: no evidence
+    estimate = stats.estimate(policy, 4)
+    assert estimate.alpha == pytest.approx((5 + 1) / (6 + 2))
+    assert estimate.p_draft == pytest.approx((2 + 1) / (3 + 1))
+
+
+def test_evidence_decays_back_to_the_prior():
+    """A row whose drafts were all rejected gets speculation switched off, then (with no new evidence) drifts
+    back to the prior and is tried again."""
+    policy = SpecPolicy(CostTable((1,), (1, 5), ((100.0, 300.0),)), max_k=4, memory=0.9)  # K=1 costs 1.5x
+    stats = AcceptanceStats()
+    for _ in range(10):
+        stats.observe(allowed_k=4, depth=4, accepted=0, memory=policy.memory)
+    assert policy.choose_k(1, [stats.estimate(policy, 4)]) == 0
+    for steps in range(1, 200):
+        stats.observe(allowed_k=0, depth=0, accepted=0, memory=policy.memory)
+        if policy.choose_k(1, [stats.estimate(policy, 4)]) > 0:
+            break
+    assert 5 < steps < 60

@@ -1,0 +1,112 @@
+"""Training smoke tests on a tiny model: data -> cached features -> a few steps (loss decreases) -> checkpoint
+reloads and resumes -> the exported head loads and drafts losslessly; the CLI end to end and its bad input."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdecode.cli import main
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.head_io import load_head
+from specdecode.engine import Engine
+from specdecode.target import Target
+from specdecode.train.corpus import TextSource
+from specdecode.train.data import DataConfig, build_dataset
+from specdecode.train.features import FeatureData, choose_draft_vocab, compute_features, target_token_counts
+from specdecode.train.prompts import stage1_prompts
+from specdecode.train.trainer import TrainConfig, Trainer
+
+TEXT = TextSource(("The quick brown fox jumps over the lazy dog. " * 20,), "test text")
+
+
+@pytest.fixture(scope="module")
+def features(tiny_model, tiny_tokenizer, tmp_path_factory) -> FeatureData:
+    config = DataConfig(num_prompts=3, num_followups=0, max_new_tokens=12, gen_batch=4, max_len=160, text_tokens=256)
+    dataset = build_dataset(tiny_model, tiny_tokenizer, config, [], [TEXT], eos_ids={2}, pad_id=0)
+    assert len(dataset.sources) == 2 and dataset.examples
+    data = compute_features(tiny_model, dataset, batch_tokens=4096)
+    directory = tmp_path_factory.mktemp("data")
+    data.save(directory)
+    loaded = FeatureData.load(directory)
+    assert torch.equal(loaded.tokens, data.tokens) and torch.equal(loaded.features, data.features)
+    return loaded
+
+
+def test_cached_features_are_the_targets_hidden_states(tiny_model, features):
+    start, end = int(features.offsets[0]), int(features.offsets[1])
+    tokens = features.tokens[start:end][None]
+    expected = tiny_model(tokens, output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(features.features[start:end].float(), expected, atol=2e-2, rtol=2e-2)  # stored in bf16
+
+
+def _trainer(kind, tiny_model, features, out: Path, steps: int) -> Trainer:
+    counts = target_token_counts(features, 259)
+    draft_ids, coverage = choose_draft_vocab(counts, 128, {2})
+    assert 0 < coverage <= 1 and draft_ids[0] == 2
+    config = TrainConfig(kind=kind, max_steps=steps, batch_tokens=100_000, lr=3e-3, warmup=1, val_fraction=0.0,
+                         checkpoint_every=1000)
+    return Trainer(config, tiny_model, features, draft_ids, out, torch.device("cpu"), max_len=160, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_loss_decreases_checkpoint_reloads_and_head_exports(kind, tiny_model, tiny_tokenizer, features, tmp_path):
+    trainer = _trainer(kind, tiny_model, features, tmp_path, steps=12)
+    assert len(trainer.batches) == 1  # every step sees the same batch: the loss must fall
+    history = trainer.train()
+    assert history[-1]["loss"] < 0.95 * history[0]["loss"]
+    reloaded = _trainer(kind, tiny_model, features, tmp_path, steps=14)
+    assert reloaded.resume() and reloaded.step == 12
+    for a, b in zip(trainer.net.state_dict().values(), reloaded.net.state_dict().values()):
+        assert torch.equal(a, b)
+    reloaded.train()
+    assert reloaded.step == 14
+    record = {"evaluation": {"val_topk_hit_rate": [[0.5, 0.2]] * 4}}
+    reloaded.export(record)
+    net, config = load_head(tmp_path, kind)
+    for a, b in zip(reloaded.net.state_dict().values(), net.state_dict().values()):
+        assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)  # saved in bf16
+    if kind == "medusa":
+        assert config["trees"]["cpu"][0] == [0]
+    target = Target(tiny_model, tiny_tokenizer)
+    spec = SpecConfig(k=4)
+    engine = Engine(target, build_drafter(target, DrafterConfig(kind, draft_model=str(tmp_path)), spec), spec)
+    prompt = tiny_tokenizer("the cat sat on the mat")["input_ids"]
+    out = engine.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=12, stop_on_eos=False))
+    plain = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    assert out.token_ids == plain
+
+
+def test_prompt_set_is_disjoint_from_the_benchmark():
+    from specdecode.bench.prompts import load_prompts
+
+    bench = {turn for question in load_prompts() for turn in question.turns}
+    prompts = stage1_prompts(3000)
+    assert len({p[0]["content"] for p in prompts}) == 3000
+    assert not bench & {p[0]["content"] for p in prompts}
+
+
+def test_cli_trains_end_to_end(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "head"
+    code = main(["train", "--kind", "medusa", "--model", tiny_model_dir, "--out", str(out), "--num-prompts", "2",
+                 "--num-followups", "0", "--max-new-tokens", "8", "--max-steps", "2", "--draft-vocab", "64",
+                 "--max-len", "128"])
+    assert code == 0
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert FeatureData.exists(out / "data")
+    assert "reusing cached data" not in capsys.readouterr().out
+    code = main(["train", "--kind", "eagle", "--model", tiny_model_dir, "--out", str(out / "e"), "--data",
+                 str(out / "data"), "--max-steps", "1", "--draft-vocab", "64", "--max-len", "128", "--resume"])
+    assert code == 0 and "reusing cached data" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--epochs", "0"], "--epochs"),
+    (["--docstrings", "no_such_package_xyz"], "not installed"),
+    (["--prompts", "/nonexistent.jsonl"], "cannot read prompts"),
+])
+def test_cli_bad_input_is_one_line(argv, message, tiny_model_dir, tmp_path, capsys):
+    code = main(["train", "--kind", "eagle", "--model", tiny_model_dir, "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
