@@ -9,9 +9,13 @@ frontier. At the end the `nodes` best candidates of all depths form the draft tr
 its child, so the set is ancestor-closed). Tokens are chosen deterministically (q = None), which keeps
 multi-candidate rejection sampling over siblings lossless.
 
-Tree budget per device (TREE_BUDGETS) is chosen by measurement, see MEASUREMENTS.md: on the 2-core CPU a
-verify pass costs ~65 ms at q = 1 and ~100-115 ms at q = 4..32, so a few dozen nodes cost about the same as 4;
-on a GPU a pass is flat up to ~128 tokens. The depth is also capped by the engine's speculation length seq.k.
+Tree budget per device (TREE_BUDGETS), chosen by measurement. Pass cost (MEASUREMENTS.md, quiet 2-core CPU,
+transformers forward): 74 ms at q = 1, 161-174 ms for q = 4..32, 264 ms at q = 64, so up to 31 nodes cost about
+what 4 do; on a GPU a pass is flat up to ~128 tokens. tau with the shipped head (greedy, first turns of one
+bench prompt per category, 128 tokens): 16 nodes/depth 5: 2.94; 31/5: 3.13; 31/7: 3.32; 48/7: 3.51; 63/8: 3.63;
+the copy branch lifts 31/7 to 3.85 (summaries 2.1 -> 3.6, RAG 2.1 -> 3.2); an 8192-token bf16 draft head
+instead of 16384 in fp32 costs 0.04 tau and halves drafting time. The depth is also capped by seq.k (the
+engine's speculation length, 5 by default on the CLI: 3.43 over two prompts per category).
 """
 from __future__ import annotations
 

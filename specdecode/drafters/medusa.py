@@ -15,6 +15,7 @@ from ..config import SpecConfig
 from ..target import Target
 from ..trees import StaticTree, compile_paths
 from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .eagle import DRAFT_VOCAB
 from .head_io import resolve_head
 from .nets import FrozenVocab, MedusaHeads, MedusaNetConfig, fast_bf16_cpu
 
@@ -46,11 +47,12 @@ class Medusa(BaseDrafter):
     name = "medusa"
     needs_hidden = True
 
-    def __init__(self, target: Target, net: MedusaHeads, tree: StaticTree, head_dtype: torch.dtype | None = None):
+    def __init__(self, target: Target, net: MedusaHeads, tree: StaticTree, draft_vocab: int | None = None,
+                 head_dtype: torch.dtype | None = None):
         if tree.max_depth > net.config.num_heads:
             raise ValueError(f"tree depth {tree.max_depth} exceeds the {net.config.num_heads} heads")
         self.net, self.tree = net, tree
-        self.vocab = FrozenVocab(target.model, net.draft_ids, head_dtype=head_dtype)
+        self.vocab = FrozenVocab(target.model, net.draft_ids, draft_vocab, head_dtype)
         self._trees: dict[int, StaticTree] = {}
 
     def _tree(self, depth: int) -> StaticTree:
@@ -91,7 +93,7 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> Medusa:
     paths = head_config.get("trees", {}).get(device_kind) or DEFAULT_PATHS
     paths = [p for p in paths if len(p) <= net.config.num_heads]
     head_dtype = torch.bfloat16 if device_kind == "cpu" and fast_bf16_cpu() else None
-    return Medusa(target, net, compile_paths(paths), head_dtype)
+    return Medusa(target, net, compile_paths(paths), DRAFT_VOCAB[device_kind], head_dtype)
 
 
 SPEC = DrafterSpec("medusa", _build, "Medusa heads on target features, static draft tree "

@@ -38,7 +38,7 @@ class TrainConfig:
     val_fraction: float = 0.03
     checkpoint_every: int = 200
     seed: int = 0
-    trees: tuple[tuple[str, int], ...] = (("cpu", 24), ("cuda", 64))  # medusa: static tree node budget per device
+    trees: tuple[tuple[str, int], ...] = (("cpu", 31), ("cuda", 63))  # medusa: static tree node budget per device
 
 
 def make_net(config: TrainConfig, target_config, draft_ids: torch.Tensor) -> torch.nn.Module:
@@ -88,8 +88,8 @@ def collate(data: FeatureData, examples: list[int], max_len: int, device) -> Bat
 
 class Trainer:
     def __init__(self, config: TrainConfig, model, data: FeatureData, draft_ids: torch.Tensor, out: Path,
-                 device, max_len: int = 1024, log=print):
-        self.config, self.data, self.out, self.device, self.max_len, self.log = config, data, out, device, max_len, log
+                 device, max_len: int = 1024):
+        self.config, self.data, self.out, self.device, self.max_len = config, data, out, device, max_len
         self.target_model = model
         self.vocab = FrozenVocab(model, draft_ids).to(torch.float32)
         self.vocab.embed_weight = self.vocab.embed_weight.float()

@@ -32,8 +32,8 @@ def references(default_model):
     return out
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
-def test_shipped_head_is_lossless_and_accepted(kind, default_target, references):
+@pytest.mark.parametrize("kind, min_tau", [("eagle", 2.2), ("medusa", 1.3)])
+def test_shipped_head_is_lossless_and_accepted(kind, min_tau, default_target, references):
     assert find_shipped_head(kind, default_target.model) is not None
     spec = SpecConfig(k=5)
     engine = Engine(default_target, build_drafter(default_target, DrafterConfig(kind), spec), spec)
@@ -44,4 +44,4 @@ def test_shipped_head_is_lossless_and_accepted(kind, default_target, references)
         assert result.token_ids == references[text], f"{kind} diverged on {text!r}"
         passes += result.metrics.target_passes
         tokens += result.metrics.new_tokens
-    assert tokens / passes > 1.8, f"{kind} head barely drafts anything useful (tau {tokens / passes:.2f})"
+    assert tokens / passes > min_tau, f"the {kind} head drafts too little (tau {tokens / passes:.2f})"

@@ -46,7 +46,7 @@ def _trainer(kind, tiny_model, features, out: Path, steps: int) -> Trainer:
     assert 0 < coverage <= 1 and draft_ids[0] == 2
     config = TrainConfig(kind=kind, max_steps=steps, batch_tokens=100_000, lr=3e-3, warmup=1, val_fraction=0.0,
                          checkpoint_every=1000)
-    return Trainer(config, tiny_model, features, draft_ids, out, torch.device("cpu"), max_len=160, log=lambda *a: None)
+    return Trainer(config, tiny_model, features, draft_ids, out, torch.device("cpu"), max_len=160)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
