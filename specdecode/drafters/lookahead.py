@@ -30,21 +30,21 @@ class LookaheadConfig:
     """window W: Jacobi columns; ngram N: n-gram size (N-1 levels, candidates of N-1 tokens); candidates G:
     n-grams verified per pass.
 
-    Defaults from measurement on the 2-core development CPU (SmolLM2-135M, code and summarisation prompts,
-    a shared machine): a pass of 8-32 tokens costs ~2.3x a one-token pass there, so what counts is tokens per
-    wide pass. Long candidates (N=6) did best (they copy longer spans of prompt and output); the window
-    added little over the pool of prompt/output n-grams, so it is kept narrow (W=2: passes of 11-31 tokens).
-    For the same reason a pass with nothing to verify (no pool n-gram starts with the pending token) is a
-    plain one-token pass without the window, unless every_step (the paper's schedule, for GPUs where width
-    is free)."""
+    Defaults from measurement on the 2-core development CPU (SmolLM2-135M, 2 code + 2 summarisation prompts,
+    a shared machine): a pass of q tokens costs ~1.5x (q <= 8), ~2.1x (q = 16), ~3.1x (q = 31) a one-token
+    pass (one thread), so what counts is tokens per pass *per width*. Long candidates (N=6) copy longer spans
+    of prompt and output and gave the highest tau; the window added little over the pool's prompt/output
+    n-grams, and a wide window or many candidates cost more than they returned, so W=1, G=2 (passes of at
+    most 16 tokens). For the same reason a pass with nothing to verify (no pool n-gram starts with the
+    pending token) is a plain one-token pass without the window, unless every_step (the paper's schedule,
+    for GPUs where width is free)."""
 
-    window: int = 2
+    window: int = 1
     ngram: int = 6
-    candidates: int = 4
+    candidates: int = 2
     pool_per_key: int = 8  # n-grams kept per first token (most recent first)
     seed: int = 0  # for the initial guesses drawn from the prompt
     every_step: bool = False
-    min_match: int = 1  # 2: speculate only when some candidate also matches the token before the pending one
 
     def __post_init__(self) -> None:
         if self.window < 0 or self.ngram < 2 or self.candidates < 0:
@@ -75,11 +75,10 @@ class NgramPool:
         for i in range(start, len(tokens) - n + 1):
             self.add(tokens[i], tuple(tokens[i + 1 : i + n]), tokens[i - 1] if i > 0 else None)
 
-    def get(self, key: int, limit: int, context: int | None = None) -> tuple[list[tuple[int, ...]], int]:
-        """-> (up to `limit` continuations, how many of them match `context` too; those come first)."""
+    def get(self, key: int, limit: int, context: int | None = None) -> list[tuple[int, ...]]:
         entries = self.table.get(key, {})
         matching = [c for c, ctx in entries.items() if context is not None and ctx == context]
-        return (matching + [c for c in entries if c not in matching])[:limit], min(len(matching), limit)
+        return (matching + [c for c in entries if c not in matching])[:limit]
 
 
 def candidate_tree(candidates: list[tuple[int, ...]], depth: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -145,9 +144,8 @@ class Lookahead(BaseDrafter):
             return Draft()
         state: _State = seq.state
         context = seq.tokens[-2] if len(seq.tokens) > 1 else None
-        candidates, matching = state.pool.get(seq.tokens[-1], self.config.candidates, context)
-        worth_it = matching > 0 if self.config.min_match >= 2 else bool(candidates)
-        if not worth_it and not self.config.every_step:
+        candidates = state.pool.get(seq.tokens[-1], self.config.candidates, context)
+        if not candidates and not self.config.every_step:
             return Draft()
         state.root = seq.tokens[-1]
         tokens, parents = candidate_tree(candidates, seq.k)

@@ -40,7 +40,7 @@ def test_cross_tokenizer_greedy_equals_plain(gemma):
     assert isinstance(drafter, CrossTokenizerDrafter)
     plain = Engine(gemma, none.SPEC.build(gemma, DrafterConfig(), SpecConfig()))
     engine = Engine(gemma, drafter, SpecConfig(k=5))
-    generation = GenerationConfig(max_new_tokens=32)
+    generation = GenerationConfig(max_new_tokens=24)
     accepted = 0
     for text in PROMPTS:
         ids = gemma.tokenizer(text)["input_ids"]

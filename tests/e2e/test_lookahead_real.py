@@ -17,7 +17,7 @@ PROMPTS = [
 @pytest.mark.slow
 def test_lookahead_greedy_equals_plain(default_target):
     tokenizer = default_target.tokenizer
-    generation = GenerationConfig(max_new_tokens=48)
+    generation = GenerationConfig(max_new_tokens=40)
     plain = Engine(default_target, build_drafter(default_target, DrafterConfig(name="none")))
     lookahead = Engine(default_target, build_drafter(default_target, DrafterConfig(name="lookahead")), SpecConfig())
     accepted = 0

@@ -58,10 +58,10 @@ def test_window_mask_is_the_lookahead_mask():
 def test_pool_keeps_recent_unique_continuations():
     pool = NgramPool(per_key=2)
     pool.add_text([1, 2, 3, 1, 2, 4, 1, 2, 3], 3)
-    assert pool.get(1, 5)[0] == [(2, 3), (2, 4)]  # newest first, the duplicate moved to the front
+    assert pool.get(1, 5) == [(2, 3), (2, 4)]  # newest first, the duplicate moved to the front
     pool.add(1, (9, 9))
-    assert pool.get(1, 5)[0] == [(9, 9), (2, 3)]  # capped per key
-    assert pool.get(7, 5) == ([], 0)
+    assert pool.get(1, 5) == [(9, 9), (2, 3)]  # capped per key
+    assert pool.get(7, 5) == []
 
 
 def test_config_rejects_bad_values():
@@ -178,6 +178,6 @@ def test_prompt_seeds_the_pool_and_the_window_rides_along():
 def test_pool_ranks_continuations_with_matching_left_context_first():
     pool = NgramPool(per_key=4)
     pool.add_text([7, 1, 2, 8, 1, 3], 2)  # 1 is followed by 2 after 7, by 3 after 8 (newest)
-    assert pool.get(1, 4) == ([(3,), (2,)], 0)
-    assert pool.get(1, 4, context=7) == ([(2,), (3,)], 1)
-    assert pool.get(1, 1, context=7) == ([(2,)], 1)
+    assert pool.get(1, 4) == [(3,), (2,)]
+    assert pool.get(1, 4, context=7) == [(2,), (3,)]
+    assert pool.get(1, 1, context=7) == [(2,)]
