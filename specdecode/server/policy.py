@@ -9,11 +9,13 @@ tokens per second over the batch (rows draft min(K, their own K)):
     E_i(K) = 1 + p_i * (a_i + a_i^2 + ... + a_i^K)     (rows that do not speculate: E_i = 1)
     P = 1 - prod_i (1 - p_i)                          (the block is padded to its longest draft)
 
-where a_i is row i's per-token acceptance probability (accepted / tried draft tokens, with a prior) and p_i the
-fraction of its steps whose drafter proposed anything (prompt lookup often finds nothing, and then costs
-nothing). K = 0 is plain decoding. The evidence decays every step (`memory`), so a row whose speculation was
-switched off drifts back to the prior and is tried again later instead of staying off forever. The draft cost
-per unit of K is measured online by the scheduler (it matters for model drafters, ~0 for prompt lookup).
+where a_i is row i's per-token acceptance probability (accepted / tried draft tokens) and p_i the fraction of
+its steps whose drafter proposed anything (prompt lookup often finds nothing, and then costs nothing). K = 0 is
+plain decoding. A row's estimates are shrunk towards its drafter's pooled estimate over recent rows, which is
+shrunk towards fixed constants. All evidence decays every step (`memory`, `pooled_memory`), so when
+speculation has been switched off the estimates drift back towards the prior and it is tried again later
+instead of staying off forever. The draft cost per unit of K is measured online by the scheduler (it matters
+for model drafters, ~0 for prompt lookup).
 """
 from __future__ import annotations
 
@@ -93,6 +95,7 @@ class SpecPolicy:
     prior_alpha: float = 0.6
     prior_weight: float = 4.0  # pseudo-trials behind prior_alpha
     memory: float = 0.9  # per-step decay of a row's evidence (about the last 10 steps count)
+    pooled_memory: float = 0.98  # per-step decay of a drafter's evidence pooled over its rows
     min_gain: float = 1.02  # a longer K must beat the best so far by this factor (table noise must not flip K)
 
     def expected_tokens(self, row: RowEstimate, k: int) -> float:
@@ -124,9 +127,13 @@ class AcceptanceStats:
     spec_steps: float = 0.0  # steps where the row was allowed to draft
     drafted_steps: float = 0.0  # ... and its drafter proposed something
 
-    def observe(self, allowed_k: int, depth: int, accepted: int, memory: float = 1.0) -> None:
+    def decay(self, memory: float) -> None:
         self.trials, self.accepted = self.trials * memory, self.accepted * memory
         self.spec_steps, self.drafted_steps = self.spec_steps * memory, self.drafted_steps * memory
+
+    def observe(self, allowed_k: int, depth: int, accepted: int, memory: float = 1.0) -> None:
+        """One step of one row: first the old evidence decays, then this step's is added."""
+        self.decay(memory)
         if allowed_k <= 0:
             return
         self.spec_steps += 1
@@ -135,9 +142,13 @@ class AcceptanceStats:
             self.trials += min(accepted + 1, depth)
             self.accepted += accepted
 
-    def estimate(self, policy: SpecPolicy, max_k: int) -> RowEstimate:
-        alpha = (self.accepted + policy.prior_alpha * policy.prior_weight) / (self.trials + policy.prior_weight)
-        p_draft = (self.drafted_steps + 1.0) / (self.spec_steps + 1.0)
+    def estimate(self, policy: SpecPolicy, max_k: int, prior: "RowEstimate | None" = None) -> RowEstimate:
+        """Evidence shrunk towards a prior: the drafter's pooled estimate over recent rows when given (so a new
+        request starts from what this drafter achieves on the current traffic), else the policy's constants."""
+        alpha0, p0 = (prior.alpha, prior.p_draft) if prior else (policy.prior_alpha, 1.0)
+        weight = policy.prior_weight
+        alpha = (self.accepted + alpha0 * weight) / (self.trials + weight)
+        p_draft = (self.drafted_steps + p0 * weight) / (self.spec_steps + weight)
         return RowEstimate(min(alpha, 0.99), min(p_draft, 1.0), max_k)
 
 

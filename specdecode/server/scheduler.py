@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,12 +25,13 @@ from .policy import AcceptanceStats, SpecPolicy
 from .router import RoutingDrafter
 
 NO_SPECULATION = "none"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch: int = 8  # rows decoded together (the engine's cache rows)
-    max_queue: int = 64  # requests waiting for a row; one more is answered 429
+    max_queue: int = 64  # requests waiting while every row is busy; one more is answered 429
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,10 @@ class _Slot:
     def length(self) -> CappedLength:
         return self.seq.length  # type: ignore[return-value]
 
+    @property
+    def drafter(self) -> str:
+        return self.seq.ctx.extra.get("drafter", "?")
+
 
 class Scheduler:
     def __init__(self, engine: Engine, router: RoutingDrafter, config: SchedulerConfig, metrics: ServerMetrics,
@@ -157,6 +163,7 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._draft_ms_per_k = 0.0
+        self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)
         self.last_k_cap = 0
         metrics.watch(lambda: len(self._pending), lambda: len(self._active))
 
@@ -166,7 +173,8 @@ class Scheduler:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             self._prune_pending()
-            if len(self._pending) >= self.config.max_queue:
+            free_rows = self.config.max_batch - len(self._active)
+            if len(self._pending) >= self.config.max_queue + free_rows:
                 raise QueueFull(f"too many requests waiting ({self.config.max_queue}); retry later")
             self._pending.append(ticket)
             self._wake.notify()
@@ -198,10 +206,15 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     break
-            self._drop_cancelled()
-            self._admit()
-            if self._active:
-                self._step()
+            try:
+                self._drop_cancelled()
+                self._admit()
+                if self._active:
+                    self._step()
+            except Exception as error:  # noqa: BLE001 - a bug here must fail this batch, not stop the server
+                log.exception("scheduler step failed")
+                for slot in list(self._active):
+                    self._fail(slot, f"internal error: {type(error).__name__}: {error}")
         for slot in list(self._active):
             self._fail(slot, "the server is shutting down")
         with self._wake:
@@ -239,7 +252,12 @@ class Scheduler:
     def _choose_cap(self) -> int:
         if self.policy is None:
             return 1 << 10
-        rows = [s.stats.estimate(self.policy, s.length.own_k) for s in self._active if s.length.own_k > 0]
+        rows = []
+        for slot in self._active:
+            if slot.length.own_k > 0:
+                pooled = self._pooled.get(slot.drafter)
+                prior = pooled.estimate(self.policy, slot.length.own_k) if pooled else None
+                rows.append(slot.stats.estimate(self.policy, slot.length.own_k, prior))
         return self.policy.choose_k(len(self._active), rows, self._draft_ms_per_k)
 
     def _step(self) -> None:
@@ -263,11 +281,16 @@ class Scheduler:
         self.metrics.target_passes.inc(passes)
         self.metrics.sequence_passes.inc(len(results))
         drafted_ms = []
+        if self.policy is not None:
+            for pooled in self._pooled.values():
+                pooled.decay(self.policy.pooled_memory)
         for slot, tokens in results:
             proposed, accepted, draft_s, _ = before[slots.index(slot)]
             m = slot.seq.metrics
             memory = self.policy.memory if self.policy else 1.0
-            slot.stats.observe(slot.seq.ctx.k, m.proposed - proposed, m.accepted - accepted, memory)
+            evidence = (slot.seq.ctx.k, m.proposed - proposed, m.accepted - accepted)
+            slot.stats.observe(*evidence, memory=memory)
+            self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
             if slot.seq.ctx.k > 0:
                 drafted_ms.append((m.draft_s - draft_s) * 1000 / slot.seq.ctx.k)
             self._deliver(slot, tokens)
@@ -313,12 +336,12 @@ class Scheduler:
     def _stats(self, slot: _Slot) -> RequestStats:
         m = slot.seq.metrics
         return RequestStats(m.prompt_tokens, len(slot.seq.output_ids), m.target_passes, round(m.tau, 4),
-                            round(m.acceptance_rate, 4), slot.seq.ctx.extra.get("drafter", "?"))
+                            round(m.acceptance_rate, 4), slot.drafter)
 
     def _leave(self, slot: _Slot, reason: str) -> None:
         """The row leaves the batch; the request gets its final event unless it was aborted."""
         self._active.remove(slot)
-        self.engine.release(slot.seq)
+        self._release(slot)
         self.metrics.finished.labels(reason).inc()
         if reason == "abort":
             return
@@ -333,9 +356,12 @@ class Scheduler:
     def _fail(self, slot: _Slot, message: str) -> None:
         if slot in self._active:
             self._active.remove(slot)
-            try:
-                self.engine.release(slot.seq)
-            except Exception:  # noqa: BLE001 - the row is freed by release's first lines or not at all
-                pass
+            self._release(slot)
         self.metrics.finished.labels("error").inc()
         slot.ticket.post(Failed(message))
+
+    def _release(self, slot: _Slot) -> None:
+        try:
+            self.engine.release(slot.seq)
+        except Exception:  # noqa: BLE001 - the engine frees the row even when the drafter's cleanup raises
+            log.exception("drafter cleanup failed for sequence %s", slot.seq.ctx.seq_id)

@@ -1,23 +1,19 @@
 """Batched speculative decoding: a request's output is the same alone or in a batch of 16 mixed-length prompts
 that join at different steps (ragged acceptance, continuous batching), token for token. Greedy on the tiny
-model and the default model; seeded sampling on the tiny model (each row has its own generator)."""
+model and the default model; seeded sampling on the tiny model (each row has its own generator).
+
+Batching is not bit-exact: fp32 GEMMs over 16 rows sum in another order than over one, and on the default
+model the logits of a row differ by up to ~1e-4 between batch 1 and batch 16 (measured, q = 1 and 6). The
+smallest top-2 logit margin on these prompts is ~2e-2, so no argmax can flip; a prompt that hits a near-tie
+(margin < 1e-4) could legitimately diverge, and this test would then fail loudly rather than hide it."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdecode.config import SamplingConfig
 from specdecode.drafters import DrafterConfig, build_drafter
 from specdecode.engine import Engine
 from tests.e2e.server_util import PROMPTS, SPEC, chat_ids, reference, staggered
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: intra-op threads only add contention
-    yield
-    torch.set_num_threads(threads)
 
 
 def _lengths(n: int, base: int) -> list[int]:
@@ -66,14 +62,9 @@ def test_default_model_batch_of_16_equals_alone(default_target):
     prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
     assert len({len(p) for p in prompts}) > 8  # mixed lengths
     lengths = _lengths(len(prompts), 8)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        alone = [reference(default_target, p, n, "prompt-lookup").token_ids for p, n in zip(prompts, lengths)]
-        engine = Engine(default_target, build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC), SPEC,
-                        max_batch=16)
-        batched, accepted = _accepted(engine, prompts, lengths)
-    finally:
-        torch.set_num_threads(threads)
+    alone = [reference(default_target, p, n, "prompt-lookup").token_ids for p, n in zip(prompts, lengths)]
+    engine = Engine(default_target, build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC), SPEC,
+                    max_batch=16)
+    batched, accepted = _accepted(engine, prompts, lengths)
     assert batched == alone
     assert accepted > 0

@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdecode.cli import main
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("argv,message", [

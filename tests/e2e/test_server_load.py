@@ -10,7 +10,6 @@ import gc
 import openai
 import psutil
 import pytest
-import torch
 
 from specdecode.engine import Sequence
 from specdecode.server.app import create_app
@@ -21,14 +20,6 @@ from tests.e2e.server_util import MODEL, PROMPTS, chat_ids, reference, tiny_serv
 CLIENTS, MAX_TOKENS = 32, 12
 DRAFTERS = (None, "none", "layer-skip")  # None: the server's default (prompt-lookup)
 RSS_SLACK = 48 << 20  # bytes: one round of 32 requests allocates far less than this unless something leaks
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _requests() -> list[tuple[bool, str, str | None]]:

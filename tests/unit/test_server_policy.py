@@ -59,8 +59,11 @@ def test_acceptance_stats():
     stats.observe(allowed_k=4, depth=0, accepted=0)  # no draft found
     stats.observe(allowed_k=0, depth=0, accepted=0)  # not allowed to draft: no evidence
     estimate = stats.estimate(policy, 4)
-    assert estimate.alpha == pytest.approx((5 + 1) / (6 + 2))
-    assert estimate.p_draft == pytest.approx((2 + 1) / (3 + 1))
+    assert estimate.alpha == pytest.approx((5 + 0.5 * 2) / (6 + 2))
+    assert estimate.p_draft == pytest.approx((2 + 1.0 * 2) / (3 + 2))
+    pooled = RowEstimate(0.1, 0.5, 4)  # the drafter's recent rows did badly: a new row starts there
+    assert AcceptanceStats().estimate(policy, 4, pooled) == RowEstimate(0.1, 0.5, 4)
+    assert stats.estimate(policy, 4, pooled).alpha == pytest.approx((5 + 0.1 * 2) / (6 + 2))
 
 
 def test_evidence_decays_back_to_the_prior():
