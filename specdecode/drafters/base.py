@@ -138,6 +138,23 @@ class DrafterSpec:
     untrained: Callable[..., "Drafter"] | None = None
 
 
+@dataclass
+class RowPool:
+    """Rows of a drafter's own cache, one per live sequence: reused after `give`, a new one when none is free."""
+
+    rows: int = 0
+    free: list[int] = field(default_factory=list)
+
+    def take(self) -> int:
+        if not self.free:
+            self.free.append(self.rows)
+            self.rows += 1
+        return self.free.pop()
+
+    def give(self, row: int) -> None:
+        self.free.append(row)
+
+
 class BaseDrafter:
     """Defaults for drafters that keep no per-sequence state or need no feedback."""
 

@@ -23,7 +23,7 @@ import torch
 from ..config import ConfigError
 from ..target import Target
 from ..trees import build_block
-from .base import BaseDrafter, Draft, SequenceContext
+from .base import BaseDrafter, Draft, SequenceContext, RowPool
 from .text_bridge import appended_text, committed_text, continuation_ids, encode
 
 
@@ -42,19 +42,15 @@ class CrossTokenizerDrafter(BaseDrafter):
         self.draft, self.target, self.confidence = draft, target, confidence
         self.max_draft_steps = max_draft_steps  # draft tokens per step; 0 = 2k
         self.cache = draft.new_cache(rows=1, capacity=256)
-        self._free: list[int] = []
-        self._rows = 0
+        self._pool = RowPool()
 
     # -- per-sequence state -------------------------------------------------------------------------------
     def start(self, seq: SequenceContext) -> None:
-        if not self._free:
-            self._free.append(self._rows)
-            self._rows += 1
-        seq.state = _State(self._free.pop())
+        seq.state = _State(self._pool.take())
 
     def finish(self, seq: SequenceContext) -> None:
         if seq.state is not None:
-            self._free.append(seq.state.row)
+            self._pool.give(seq.state.row)
         seq.state = None
 
     # -- drafting -------------------------------------------------------------------------------------------
@@ -99,7 +95,7 @@ class CrossTokenizerDrafter(BaseDrafter):
     def _feed(self, state: _State, ids: list[int]) -> torch.Tensor:
         """Append `ids` after the cached ones -> logits [draft_vocab] after the last of them."""
         start = len(state.cached)
-        self.cache.ensure(max(self._rows, 1), start + len(ids) + 1)
+        self.cache.ensure(max(self._pool.rows, 1), start + len(ids) + 1)
         block = build_block([start], [ids], [list(range(-1, len(ids) - 1))], self.draft.pad_id, self.draft.device)
         out = self.draft.forward(self.cache, [state.row], block, keep="last")
         state.cached.extend(ids)

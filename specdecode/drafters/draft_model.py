@@ -12,7 +12,7 @@ from ..config import ConfigError, SpecConfig
 from ..models import load_model
 from ..target import Target
 from ..trees import build_block
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext, RowPool
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model_step import choose
 
@@ -37,18 +37,14 @@ class DraftModel(BaseDrafter):
             )
         self.draft, self.vocab, self.confidence = draft, target.vocab_size, confidence
         self.cache = draft.new_cache(rows=1, capacity=256)
-        self._free: list[int] = []
-        self._rows = 0
+        self._pool = RowPool()
 
     def start(self, seq: SequenceContext) -> None:
-        if not self._free:
-            self._free.append(self._rows)
-            self._rows += 1
-        seq.state = _State(self._free.pop())
+        seq.state = _State(self._pool.take())
 
     def finish(self, seq: SequenceContext) -> None:
         if seq.state is not None:
-            self._free.append(seq.state.row)
+            self._pool.give(seq.state.row)
         seq.state = None
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
@@ -57,7 +53,7 @@ class DraftModel(BaseDrafter):
     def _forward(self, state: _State, new: list[int]) -> torch.Tensor:
         """Feed `new` after state.cached; returns logits [draft_vocab] after the last of them."""
         start = len(state.cached)
-        self.cache.ensure(max(self._rows, 1), start + len(new) + 1)
+        self.cache.ensure(max(self._pool.rows, 1), start + len(new) + 1)
         block = build_block([start], [new], [list(range(-1, len(new) - 1))], self.draft.pad_id, self.draft.device)
         out = self.draft.forward(self.cache, [state.row], block, keep="last")
         state.cached.extend(new)

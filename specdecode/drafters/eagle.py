@@ -27,7 +27,7 @@ import torch
 from ..config import ConfigError, SpecConfig
 from ..kv_cache import RollbackCache
 from ..target import Target
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext, RowPool
 from ..trees import children_of
 from .head_io import resolve_head
 from .nets import EagleNet, EagleNetConfig, FrozenVocab, fast_bf16_cpu
@@ -92,19 +92,15 @@ class Eagle(BaseDrafter):
         self.vocab = FrozenVocab(target.model, net.draft_ids, draft_vocab, head_dtype)
         self.device = target.device
         self.cache = RollbackCache(1, rows=1, capacity=256)
-        self._free: list[int] = []
-        self._rows = 0
+        self._pool = RowPool()
 
     # -- sequence lifetime ------------------------------------------------------------------------------------
     def start(self, seq: SequenceContext) -> None:
-        if not self._free:
-            self._free.append(self._rows)
-            self._rows += 1
-        seq.state = _State(self._free.pop())
+        seq.state = _State(self._pool.take())
 
     def finish(self, seq: SequenceContext) -> None:
         if seq.state is not None:
-            self._free.append(seq.state.row)
+            self._pool.give(seq.state.row)
         seq.state = None
 
     # -- drafting ---------------------------------------------------------------------------------------------
@@ -127,7 +123,7 @@ class Eagle(BaseDrafter):
         """Feed q rows at slots first_slot.. of the draft cache. tokens [q], features [q, h], positions [q],
         mask [q, kv_len] -> predicted features [q, h]."""
         q = tokens.shape[0]
-        self.cache.ensure(self._rows, first_slot + q)
+        self.cache.ensure(self._pool.rows, first_slot + q)
         self.cache.prepare([row], first_slot, first_slot + q)
         out = self.net(self.vocab.embed(tokens)[None], features[None].to(self.vocab.embed_weight.dtype),
                        positions[None], mask[None, None], self.cache)
