@@ -11,13 +11,13 @@ from typing import Iterator
 import torch
 
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from .drafters import DrafterConfig, build_drafter
+from .drafters import AUTO, DrafterConfig, build_drafter
 from .engine import Engine, Result, Sequence, TextChunk
 from .fast import FastPathConfig
 from .models import load_model
 from .target import Target
 
-DEFAULT_DRAFTER = "prompt-lookup"
+DEFAULT_DRAFTER = AUTO  # the best measured drafter for the device and model (drafters.best_drafter_name)
 
 
 @dataclass

@@ -26,10 +26,12 @@ def _quiet_transformers() -> None:
 
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
-    from .drafters import registry
+    from .drafters import AUTO, registry
 
     parser.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--drafter", default=drafter_default, choices=list(registry()), help="drafting method")
+    parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
+                        help=f"drafting method ({AUTO}: the best measured one for the device, eagle on CPU with "
+                             "a shipped head, else prompt-lookup)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")

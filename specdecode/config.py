@@ -39,6 +39,11 @@ class SpecConfig:
     """Speculation length policy: fixed K, or adaptive K in [min_k, max_k] driven by recent acceptance.
 
     confidence: a model drafter stops drafting early when its top probability falls below it (0 = off).
+    pause_below / pause_window / pause_steps: when the last pause_window drafting steps accepted fewer than
+    pause_below draft tokens per step on average, draft nothing for pause_steps steps (plain decoding), then
+    try again. A verify pass of a few tokens costs ~1.4-1.6x a one-token pass on a CPU (MEASUREMENTS.md), so a
+    drafter that keeps missing makes decoding slower than plain; on a GPU the pause costs at most the few
+    tokens it would have accepted. 0 turns it off.
     """
 
     k: int = 5
@@ -46,6 +51,9 @@ class SpecConfig:
     min_k: int = 1
     max_k: int = 12
     confidence: float = 0.0
+    pause_below: float = 0.3
+    pause_window: int = 8
+    pause_steps: int = 16
 
     def __post_init__(self) -> None:
         if self.k <= 0:
@@ -54,6 +62,9 @@ class SpecConfig:
             raise ConfigError(f"need 1 <= min_k <= max_k, got {self.min_k}, {self.max_k}")
         if not 0 <= self.confidence < 1:
             raise ConfigError(f"confidence threshold must be in [0, 1), got {self.confidence}")
+        if self.pause_below < 0 or self.pause_window < 1 or self.pause_steps < 1:
+            raise ConfigError("pause_below must be >= 0 and pause_window, pause_steps >= 1, got "
+                              f"{self.pause_below}, {self.pause_window}, {self.pause_steps}")
 
 
 @dataclass(frozen=True)

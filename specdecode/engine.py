@@ -70,8 +70,9 @@ class Engine:
 
     def warmup(self) -> None:
         """Fast path: compile every fixed-shape step the drafter can ask for before anything is timed."""
-        nodes = getattr(self.drafter, "max_nodes", self.spec.max_k if self.spec.adaptive else self.spec.k)
-        self.target.warmup(self.cache, nodes + 1)
+        k = self.spec.max_k if self.spec.adaptive else self.spec.k
+        nodes = self.drafter.max_nodes(k) if hasattr(self.drafter, "max_nodes") else k  # trees: more than k
+        self.target.warmup(self.cache, nodes + 1, hidden=_needs_hidden(self.drafter))
         exit_layer = getattr(self.drafter, "exit_layer", None)
         if exit_layer:
             self.target.warmup(self.cache, 1, num_layers=exit_layer)

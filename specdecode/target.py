@@ -19,6 +19,17 @@ class ForwardOutput:
     hidden: torch.Tensor | None  # [b, q, hidden] last hidden state (after the final norm), when asked for
 
 
+def eager_attention(device: torch.device) -> contextlib.AbstractContextManager:
+    """SDPA backends for uncompiled passes. On CUDA, cuDNN attention (torch's first choice for masked bf16 on an
+    H100) builds an execution plan for every new shape, ~0.5 ms of host time per call (profiled); decoding
+    changes shape every step, so memory-efficient / flash / math kernels are used instead."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     inner = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers"):
@@ -78,7 +89,8 @@ class Target:
         cache.prepare(rows, slots, block.kv_len)
         if fn is not self.model and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        with self._truncated(num_layers):
+        kernels = eager_attention(self.device) if fn is self.model else contextlib.nullcontext()
+        with self._truncated(num_layers), kernels:
             out = fn(
                 input_ids=block.input_ids,
                 position_ids=block.positions,
@@ -93,14 +105,15 @@ class Target:
             logits, states = logits.clone(), (None if states is None else states.clone())
         return ForwardOutput(logits, states)
 
-    def warmup(self, cache: RollbackCache, max_q: int, num_layers: int | None = None) -> None:
-        """Compile (and record) every fixed-shape step up to max_q tokens before timing anything. Writes only
-        scratch slots of row 0, which the next prefill overwrites."""
+    def warmup(self, cache: RollbackCache, max_q: int, num_layers: int | None = None, hidden: bool = False) -> None:
+        """Compile (and record) every fixed-shape step up to max_q tokens before timing anything, with the
+        hidden-state output the steps will ask for (another graph). Writes only scratch slots of row 0, which
+        the next prefill overwrites."""
         if not cache.static:
             return
         for q in sorted({bucket_for(n, self.fast.buckets) or n for n in range(1, max_q + 1)}):
             block = build_block([0], [[self.pad_id] * q], [list(range(-1, q - 1))], self.pad_id, self.device)
-            self.forward(cache, [0], block, num_layers=num_layers)
+            self.forward(cache, [0], block, num_layers=num_layers, hidden=hidden)
 
     @contextlib.contextmanager
     def _truncated(self, num_layers: int | None) -> Iterator[None]:

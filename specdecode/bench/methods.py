@@ -77,10 +77,11 @@ class BenchModel:
 
 @dataclass(frozen=True)
 class PeerOptions:
-    """Knobs for the methods. The assistant peers (hf-assisted, hf-early-exit) draft k tokens per step like ours
-    (transformers' default of 20 on an early exit that was not trained for it spends ~20 draft passes per
-    target pass for nothing); the rest of their settings are transformers' defaults (constant schedule,
-    assistant_confidence_threshold 0.4). Prompt lookup has no default and uses 10, the value in transformers'
+    """Knobs for the methods. The assistant peers (hf-assisted, hf-early-exit) start at k draft tokens per step
+    like ours (transformers' default of 20 on an early exit that was not trained for it spends ~20 draft passes
+    per target pass for nothing) with transformers' own adaptive "heuristic" schedule (+2 after a fully
+    accepted draft, -1 otherwise, at least 1), its counterpart of our pause/adaptive K; the rest are
+    transformers' defaults (assistant_confidence_threshold 0.4). Prompt lookup has no default and uses 10, the value in transformers'
     docs. hf_draft_tokens overrides both draft lengths. The early-exit layer is the same for ours and theirs."""
 
     k: int = 5
@@ -159,7 +160,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
     }
     # transformers reads the draft length from the ASSISTANT's generation_config (for early exit: the target's)
     assistant = {"hf-assisted": bench.draft_model, "hf-early-exit": bench.model}
-    overrides = {"num_assistant_tokens": options.num_assistant_tokens}
+    overrides = {"num_assistant_tokens": options.num_assistant_tokens, "num_assistant_tokens_schedule": "heuristic"}
     methods = []
     for name in names:
         if name in hf:

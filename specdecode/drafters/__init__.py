@@ -2,6 +2,8 @@
 all take the method list from `registry()`."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..config import ConfigError, SpecConfig
 from .base import Draft, Drafter, DrafterConfig, DrafterSpec, SequenceContext
 from . import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup
@@ -22,9 +24,33 @@ def get_spec(name: str) -> DrafterSpec:
     return specs[name]
 
 
+AUTO = "auto"
+
+
 def build_drafter(target, config: DrafterConfig, spec: SpecConfig | None = None) -> Drafter:
-    return get_spec(config.name).build(target, config, spec or SpecConfig())
+    """`auto`: the best measured drafter for the device (see best_drafter_name)."""
+    spec = spec or SpecConfig()
+    if config.name == AUTO:
+        return _build_best(target, config, spec)
+    return get_spec(config.name).build(target, config, spec)
 
 
-__all__ = ["Draft", "Drafter", "DrafterConfig", "DrafterSpec", "SequenceContext", "build_drafter", "get_spec",
+def best_drafter_name(device_type: str) -> str:
+    """Fastest drafter measured by `specdecode bench` on the default model (README, "Benchmark"): EAGLE with its
+    shipped head on the CPU; prompt lookup on CUDA, where the fast path makes a target pass ~2 ms and EAGLE's
+    tree drafting is bound by host work (measured on an H100)."""
+    return "eagle" if device_type == "cpu" else "prompt-lookup"
+
+
+def _build_best(target, config: DrafterConfig, spec: SpecConfig) -> Drafter:
+    from ..models import ModelError
+
+    name = best_drafter_name(target.device.type)
+    try:
+        return get_spec(name).build(target, replace(config, name=name), spec)
+    except (ConfigError, ModelError):  # no trained head for this model: model-free drafting
+        return get_spec("prompt-lookup").build(target, replace(config, name="prompt-lookup"), spec)
+
+
+__all__ = ["AUTO", "Draft", "Drafter", "DrafterConfig", "DrafterSpec", "SequenceContext", "build_drafter", "get_spec",
            "registry"]

@@ -9,13 +9,14 @@ frontier. At the end the `nodes` best candidates of all depths form the draft tr
 its child, so the set is ancestor-closed). Tokens are chosen deterministically (q = None), which keeps
 multi-candidate rejection sampling over siblings lossless.
 
-Tree budget per device (TREE_BUDGETS), chosen by measurement. Pass cost (MEASUREMENTS.md, quiet 2-core CPU,
-transformers forward): 74 ms at q = 1, 161-174 ms for q = 4..32, 264 ms at q = 64, so up to 31 nodes cost about
-what 4 do; on a GPU a pass is flat up to ~128 tokens. tau with the shipped head (greedy, first turns of one
-bench prompt per category, 128 tokens): 16 nodes/depth 5: 2.94; 31/5: 3.13; 31/7: 3.32; 48/7: 3.51; 63/8: 3.63;
-the copy branch lifts 31/7 to 3.85 (summaries 2.1 -> 3.6, RAG 2.1 -> 3.2); an 8192-token bf16 draft head
-instead of 16384 in fp32 costs 0.04 tau and halves drafting time. The depth is also capped by seq.k (the
-engine's speculation length, 5 by default on the CLI: 3.43 over two prompts per category).
+Tree budget per device (TREE_BUDGETS), chosen by measurement. On the 2-core CPU a verify pass is compute-bound
+beyond ~8 tokens (57 ms at q = 1, 83 ms at q = 8, 97 ms at q = 16, fp32, 2 threads), so small trees win there:
+greedy, 128 tokens, first turns of one bench prompt per category, quiet machine, same session (none: 16.2 tok/s):
+top_k/depth/nodes 10/7/31: 19.0 tok/s (tau 3.63); 8/5/16: 22.1 (3.45); 6/5/10: 26.3 (3.2); 6/5/7: 28.2
+(3.06); 6/4/8: 27.8 (2.95); 4/4/6: 25.3 (2.88). On a GPU a pass is flat up to ~128 tokens: 10/8/63 there.
+The copy branch (prompt-lookup continuation grafted on, at most `depth` more nodes) lifts summaries and RAG
+(31/7: 3.32 -> 3.85 overall); an 8192-token bf16 draft head instead of 16384 in fp32 costs 0.04 tau and
+halves drafting time on the CPU. The depth is also capped by seq.k (the engine's speculation length).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch
 
 from ..config import ConfigError, SpecConfig
 from ..kv_cache import RollbackCache
-from ..target import Target
+from ..target import Target, eager_attention
 from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext, RowPool
 from ..trees import children_of
 from .head_io import resolve_head
@@ -50,7 +51,7 @@ class TreeBudget:
             raise ConfigError(f"tree budget values must be positive, got {self}")
 
 
-TREE_BUDGETS = {"cpu": TreeBudget(top_k=10, depth=7, nodes=31), "cuda": TreeBudget(top_k=10, depth=8, nodes=63)}
+TREE_BUDGETS = {"cpu": TreeBudget(top_k=6, depth=5, nodes=7), "cuda": TreeBudget(top_k=10, depth=8, nodes=63)}
 # Draft vocabulary per device (a prefix of the head's, most frequent first; None = all of it). On the CPU the
 # draft LM head is read once per depth and dominates drafting time: 8192 tokens in bf16 cost ~5 ms a read
 # instead of ~26 ms for 16384 in fp32, and still cover ~98% of answer tokens.
@@ -94,6 +95,10 @@ class Eagle(BaseDrafter):
         self.cache = RollbackCache(1, rows=1, capacity=256)
         self._pool = RowPool()
 
+    def max_nodes(self, k: int) -> int:
+        """Largest draft this drafter proposes at speculation length k (the fast path compiles up to it)."""
+        return self.budget.nodes + (min(self.budget.depth, k) if self.budget.copy_branch else 0)
+
     # -- sequence lifetime ------------------------------------------------------------------------------------
     def start(self, seq: SequenceContext) -> None:
         seq.state = _State(self._pool.take())
@@ -125,8 +130,9 @@ class Eagle(BaseDrafter):
         q = tokens.shape[0]
         self.cache.ensure(self._pool.rows, first_slot + q)
         self.cache.prepare([row], first_slot, first_slot + q)
-        out = self.net(self.vocab.embed(tokens)[None], features[None].to(self.vocab.embed_weight.dtype),
-                       positions[None], mask[None, None], self.cache)
+        with eager_attention(self.device):
+            out = self.net(self.vocab.embed(tokens)[None], features[None].to(self.vocab.embed_weight.dtype),
+                           positions[None], mask[None, None], self.cache)
         return out[0]
 
     def _feed_committed(self, seq: SequenceContext, state: _State) -> None:
@@ -163,12 +169,11 @@ class Eagle(BaseDrafter):
         for d in range(2, depth + 1):
             n_fed, f = len(fed_nodes), frontier.shape[0]
             # each frontier row sees the prefix, its parent's row and the parent's ancestors, and itself
-            parent_rows = [fed_nodes.index(int(p)) if p >= 0 else -1 for p in all_parents[frontier].tolist()]
-            visible = torch.zeros((f, n_fed + f), dtype=torch.bool, device=device)
-            for i, row in enumerate(parent_rows):
-                if row >= 0:
-                    visible[i, :n_fed] = fed_visible[row]
-                visible[i, n_fed + i] = True
+            parent_rows = [fed_nodes.index(p) if p >= 0 else -1 for p in all_parents[frontier].tolist()]
+            has_parent = torch.tensor([row >= 0 for row in parent_rows], device=device)  # [f]
+            inherited = fed_visible[torch.tensor([max(row, 0) for row in parent_rows], device=device)] if n_fed \
+                else torch.zeros((f, 0), dtype=torch.bool, device=device)  # [f, n_fed]
+            visible = torch.cat([inherited & has_parent[:, None], torch.eye(f, dtype=torch.bool, device=device)], 1)
             mask = torch.cat([torch.ones((f, prefix), dtype=torch.bool, device=device), visible], dim=1)
             positions = torch.full((f,), prefix + d - 2, device=device)
             frontier_tokens = torch.cat(tokens)[frontier]
@@ -199,7 +204,8 @@ class Eagle(BaseDrafter):
         tie-break makes it strictly lower, so the kept set is ancestor-closed."""
         key = scores - 1e-6 * depths.float()
         keep = key.topk(min(self.budget.nodes, key.shape[0])).indices.tolist()
-        keep.sort(key=lambda i: (int(depths[i]), -float(key[i])))
+        depth_list, key_list = depths.tolist(), key.tolist()  # one read-back each, not one per node
+        keep.sort(key=lambda i: (depth_list[i], -key_list[i]))
         new_index = {old: new for new, old in enumerate(keep)}
         parent_list = parents.tolist()
         draft_tokens = self.vocab.draft_ids[tokens[keep]].tolist()

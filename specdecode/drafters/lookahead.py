@@ -136,6 +136,11 @@ class Lookahead(BaseDrafter):
         levels = [[rng.choice(guesses) for _ in range(c.window)] for _ in range(c.ngram - 1)]
         seq.state = _State(pool, levels, indexed=len(seq.tokens), aux_parents=window_parents(c.window, c.ngram - 1))
 
+    def max_nodes(self, k: int) -> int:
+        """Largest block after the root at speculation length k: candidates plus the Jacobi window."""
+        c = self.config
+        return c.candidates * min(k, c.ngram - 1) + c.window * (c.ngram - 1)
+
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return [self._draft_one(seq) for seq in seqs]
 

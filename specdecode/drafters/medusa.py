@@ -60,6 +60,10 @@ class Medusa(BaseDrafter):
             self._trees[depth] = self.tree.truncated(depth)
         return self._trees[depth]
 
+    def max_nodes(self, k: int) -> int:
+        """Largest draft at speculation length k (the fast path compiles up to it)."""
+        return len(self._tree(k))
+
     @torch.inference_mode()
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         live = [b for b, seq in enumerate(seqs) if seq.hidden is not None and seq.k > 0 and len(self.tree)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -64,7 +65,9 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     if target.tokenizer is None:
         raise ConfigError("the server needs a model with a tokenizer")
     router = RoutingDrafter({NO_SPECULATION: NoDrafter(), **drafters}, default_drafter)
-    engine = Engine(target, router, spec or SpecConfig(), max_batch=config.max_batch)
+    # the scheduler's per-step policy owns K here (it also switches speculation off when it does not pay)
+    spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0)
+    engine = Engine(target, router, spec, max_batch=config.max_batch)
     metrics, lock = ServerMetrics(), threading.Lock()
     scheduler = Scheduler(engine, router, SchedulerConfig(config.max_batch, config.max_queue), metrics, policy, lock)
     return Service(config, target, scheduler, metrics, lock, int(time.time()))

@@ -10,10 +10,10 @@ K_POLICIES = ("measured", "calibrate", "fixed")
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
-    from ..api import DEFAULT_DRAFTER
     from ..cli import add_model_args
 
-    add_model_args(parser, DEFAULT_DRAFTER)
+    # prompt lookup: it drafts for a whole batch at once and the K policy's cost table was measured with it
+    add_model_args(parser, "prompt-lookup")
     parser.add_argument("--allow-drafters", default="",
                         help="comma-separated extra drafters a request may choose with "
                              "{\"speculation\": {\"drafter\": NAME}} (the default drafter and 'none' always can)")
@@ -35,13 +35,15 @@ def check_limits(args: argparse.Namespace) -> None:
 def build_service(args: argparse.Namespace):
     """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started)."""
     from ..cli import default_dtype, fast_config, spec_config
-    from ..drafters import build_drafter, registry
+    from ..drafters import AUTO, best_drafter_name, build_drafter, registry
     from ..models import load_model
     from ..target import Target
     from .app import ServerConfig, build_service as build
     from .policy import SMOLLM2_CPU, SpecPolicy, calibrate
 
     check_limits(args)
+    if args.drafter == AUTO:  # a named drafter: requests and metrics refer to it by name
+        args.drafter = best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu")
     names = [args.drafter] + [n.strip() for n in args.allow_drafters.split(",") if n.strip()]
     unknown = [n for n in names if n not in registry()]
     if unknown:

@@ -35,7 +35,7 @@ def test_bad_sampling_config(kwargs):
 
 
 def test_adaptive_k_follows_acceptance():
-    length = SpeculationLength(SpecConfig(k=4, adaptive=True, min_k=1, max_k=7))
+    length = SpeculationLength(SpecConfig(k=4, adaptive=True, min_k=1, max_k=7, pause_below=0))
     length.update(drafted=4, accepted=4)
     assert length.k == 6
     length.update(drafted=6, accepted=6)
@@ -48,3 +48,30 @@ def test_adaptive_k_follows_acceptance():
     fixed = SpeculationLength(SpecConfig(k=4))
     fixed.update(drafted=4, accepted=4)
     assert fixed.k == 4
+
+
+def test_speculation_pauses_while_it_does_not_pay_then_retries():
+    length = SpeculationLength(SpecConfig(k=5, pause_below=0.5, pause_window=4, pause_steps=3))
+    for accepted in (1, 0, 0):  # 1 token in 3 steps: window not full yet
+        length.update(drafted=5, accepted=accepted)
+    assert length.k == 5
+    length.update(drafted=0, accepted=0)  # nothing proposed (no n-gram match): neither counts nor pauses
+    assert length.k == 5
+    length.update(drafted=5, accepted=0)  # window full: 1 accepted in 4 steps < 0.5 per step
+    assert length.k == 0
+    for _ in range(3):  # paused steps draft nothing
+        assert length.k == 0
+        length.update(drafted=0, accepted=0)
+    assert length.k == 5  # retried with a fresh window
+    for _ in range(4):
+        length.update(drafted=5, accepted=2)
+    assert length.k == 5  # 2 per step pays: no pause
+    never = SpeculationLength(SpecConfig(k=5, pause_below=0))
+    for _ in range(50):
+        never.update(drafted=5, accepted=0)
+    assert never.k == 5
+
+
+def test_pause_config_checked():
+    with pytest.raises(ConfigError):
+        SpecConfig(pause_window=0)
