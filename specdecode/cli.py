@@ -34,6 +34,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                              "a shipped head, else prompt-lookup)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
+    parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
+                        help="lookahead: window, n-gram size, verified candidates (default 1,6,2, measured)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
     parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
     parser.add_argument("--max-k", type=int, default=12, help="upper bound for adaptive K")
@@ -42,6 +44,14 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
+
+
+def _lookahead_triple(text: str) -> tuple[int, int, int]:
+    try:
+        window, ngram, candidates = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three integers W,N,G (e.g. 1,6,2), got {text!r}") from None
+    return window, ngram, candidates
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig:
@@ -67,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise ConfigError("the prompt is empty")
     decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, exit_layer=args.exit_layer,
-                               spec=spec_config(args), device=args.device, dtype=default_dtype(args),
+                               lookahead=args.lookahead, spec=spec_config(args), device=args.device, dtype=default_dtype(args),
                                fast=fast_config(args))
     pieces, seq = [], None
     for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):

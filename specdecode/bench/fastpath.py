@@ -34,10 +34,7 @@ class FastPathReport:
 
 
 def _decode(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, float]:
-    engine.target.warmup(engine.cache, engine.spec.max_k + 1)
-    exit_layer = getattr(engine.drafter, "exit_layer", None)
-    if exit_layer:
-        engine.target.warmup(engine.cache, 1, num_layers=exit_layer)
+    engine.warmup()  # every step shape the drafter can ask for (trees, hidden outputs, layer skip)
     engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=8, stop_on_eos=False))  # warm-up
     result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=n, stop_on_eos=False))
     m = result.metrics

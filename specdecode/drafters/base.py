@@ -123,6 +123,7 @@ class DrafterConfig:
     exit_layer: int | None = None  # layer-skip: draft with the first L layers (default: a third of them)
     max_ngram: int = 3  # prompt-lookup: longest n-gram matched
     min_ngram: int = 1
+    lookahead: tuple[int, int, int] | None = None  # lookahead: (window W, n-gram size N, candidates G)
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,10 @@ class Lookahead(BaseDrafter):
 
 
 def _build(target, config: DrafterConfig, spec: SpecConfig) -> Lookahead:
-    return Lookahead(LookaheadConfig())
+    if config.lookahead is None:
+        return Lookahead(LookaheadConfig())
+    window, ngram, candidates = config.lookahead
+    return Lookahead(LookaheadConfig(window=window, ngram=ngram, candidates=candidates))
 
 
 SPEC = DrafterSpec("lookahead", _build, "Jacobi lookahead window + n-gram pool verified in one pass (model-free)")

@@ -45,6 +45,8 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--model", "/no/such/model", "hi"], "model not found"),
     (["generate", "--drafter", "nope", "hi"], "invalid choice"),
     (["generate", "--top-p", "0", "hi"], "top-p"),
+    (["generate", "--lookahead", "1,6", "hi"], "expected three integers W,N,G"),
+    (["generate", "--drafter", "lookahead", "--lookahead", "1,1,2", "--max-new-tokens", "4", "hi"], "ngram >= 2"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, capsys):
     try:

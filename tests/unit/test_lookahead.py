@@ -181,3 +181,12 @@ def test_pool_ranks_continuations_with_matching_left_context_first():
     assert pool.get(1, 4) == [(3,), (2,)]
     assert pool.get(1, 4, context=7) == [(2,), (3,)]
     assert pool.get(1, 1, context=7) == [(2,)]
+
+
+def test_window_ngram_candidates_from_the_drafter_config():
+    target = Target(LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=1, num_attention_heads=2)).eval())
+    built = build_drafter(target, DrafterConfig("lookahead", lookahead=(2, 4, 3)))
+    assert built.config == LookaheadConfig(window=2, ngram=4, candidates=3)
+    assert build_drafter(target, DrafterConfig("lookahead")).config == LookaheadConfig()
+    assert built.max_nodes(5) == 3 * 3 + 2 * 3
