@@ -172,3 +172,21 @@ class BaseDrafter:
 
     def finish(self, seq: SequenceContext) -> None:
         seq.state = None
+
+
+class RowStateDrafter(BaseDrafter):
+    """A drafter with a cache of its own: each live sequence holds one row of it (from a RowPool) in its state,
+    an instance of `state_type` built from that row; the row is given back when the sequence finishes."""
+
+    state_type: Callable[[int], Any]
+
+    def __init__(self) -> None:
+        self._pool = RowPool()
+
+    def start(self, seq: SequenceContext) -> None:
+        seq.state = self.state_type(self._pool.take())
+
+    def finish(self, seq: SequenceContext) -> None:
+        if seq.state is not None:
+            self._pool.give(seq.state.row)
+        seq.state = None

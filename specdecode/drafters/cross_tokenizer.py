@@ -23,7 +23,7 @@ import torch
 from ..config import ConfigError
 from ..target import Target
 from ..trees import build_block
-from .base import BaseDrafter, Draft, SequenceContext, RowPool
+from .base import Draft, RowStateDrafter, SequenceContext
 from .text_bridge import appended_text, committed_text, continuation_ids, encode
 
 
@@ -33,8 +33,9 @@ class _State:
     cached: list[int] = field(default_factory=list)  # draft ids whose KV the draft cache row holds
 
 
-class CrossTokenizerDrafter(BaseDrafter):
+class CrossTokenizerDrafter(RowStateDrafter):
     name = "draft-model"  # the registry entry that reaches it
+    state_type = _State
 
     def __init__(self, draft: Target, target: Target, confidence: float = 0.0, max_draft_steps: int = 0):
         if draft.tokenizer is None or target.tokenizer is None:
@@ -42,16 +43,9 @@ class CrossTokenizerDrafter(BaseDrafter):
         self.draft, self.target, self.confidence = draft, target, confidence
         self.max_draft_steps = max_draft_steps  # draft tokens per step; 0 = 2k
         self.cache = draft.new_cache(rows=1, capacity=256)
-        self._pool = RowPool()
+        super().__init__()
 
     # -- per-sequence state -------------------------------------------------------------------------------
-    def start(self, seq: SequenceContext) -> None:
-        seq.state = _State(self._pool.take())
-
-    def finish(self, seq: SequenceContext) -> None:
-        if seq.state is not None:
-            self._pool.give(seq.state.row)
-        seq.state = None
 
     # -- drafting -------------------------------------------------------------------------------------------
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:

@@ -12,7 +12,7 @@ from ..config import ConfigError, SpecConfig
 from ..models import load_model
 from ..target import Target
 from ..trees import build_block
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext, RowPool
+from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model_step import choose
 
@@ -27,8 +27,9 @@ def same_tokenizer(a, b) -> bool:
     return a is b or (a.get_vocab() == b.get_vocab())
 
 
-class DraftModel(BaseDrafter):
+class DraftModel(RowStateDrafter):
     name = "draft-model"
+    state_type = _State
 
     def __init__(self, draft: Target, target: Target, confidence: float = 0.0):
         if not same_tokenizer(draft.tokenizer, target.tokenizer):
@@ -37,15 +38,8 @@ class DraftModel(BaseDrafter):
             )
         self.draft, self.vocab, self.confidence = draft, target.vocab_size, confidence
         self.cache = draft.new_cache(rows=1, capacity=256)
-        self._pool = RowPool()
+        super().__init__()
 
-    def start(self, seq: SequenceContext) -> None:
-        seq.state = _State(self._pool.take())
-
-    def finish(self, seq: SequenceContext) -> None:
-        if seq.state is not None:
-            self._pool.give(seq.state.row)
-        seq.state = None
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return [self._draft_one(seq) for seq in seqs]

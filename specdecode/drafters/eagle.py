@@ -28,7 +28,7 @@ import torch
 from ..config import ConfigError, SpecConfig
 from ..kv_cache import RollbackCache
 from ..target import Target, eager_attention
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext, RowPool
+from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
 from ..trees import children_of
 from .head_io import resolve_head
 from .nets import EagleNet, EagleNetConfig, FrozenVocab, fast_bf16_cpu
@@ -83,8 +83,9 @@ def graft_chain(draft: Draft, chain: Sequence[int]) -> Draft:
     return Draft(tuple(tokens), tuple(parents))
 
 
-class Eagle(BaseDrafter):
+class Eagle(RowStateDrafter):
     name = "eagle"
+    state_type = _State
     needs_hidden = True
 
     def __init__(self, target: Target, net: EagleNet, budget: TreeBudget, draft_vocab: int | None = None,
@@ -93,20 +94,13 @@ class Eagle(BaseDrafter):
         self.vocab = FrozenVocab(target.model, net.draft_ids, draft_vocab, head_dtype)
         self.device = target.device
         self.cache = RollbackCache(1, rows=1, capacity=256)
-        self._pool = RowPool()
+        super().__init__()
 
     def max_nodes(self, k: int) -> int:
         """Largest draft this drafter proposes at speculation length k (the fast path compiles up to it)."""
         return self.budget.nodes + (min(self.budget.depth, k) if self.budget.copy_branch else 0)
 
     # -- sequence lifetime ------------------------------------------------------------------------------------
-    def start(self, seq: SequenceContext) -> None:
-        seq.state = _State(self._pool.take())
-
-    def finish(self, seq: SequenceContext) -> None:
-        if seq.state is not None:
-            self._pool.give(seq.state.row)
-        seq.state = None
 
     # -- drafting ---------------------------------------------------------------------------------------------
     @torch.inference_mode()

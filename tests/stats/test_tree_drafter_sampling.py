@@ -10,15 +10,14 @@ import itertools
 import pytest
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import SpecConfig
 from specdecode.drafters import eagle, medusa
 from specdecode.engine import Engine
-from specdecode.sampling import probabilities
 from specdecode.target import Target
 from specdecode.verify import tree as tree_module
 from specdecode.verify import verify_sampling
 from tests.stats.chi2 import chi2_pvalue
-from tests.tiny import tiny_llama
+from tests.stats.two_tokens import exact_pairs, sample_pairs, tiny_target
 
 V = 5
 TRIALS = 10000
@@ -79,34 +78,21 @@ def test_eagle_shaped_tree_follows_target(monkeypatch):
 
 
 # -- end to end ----------------------------------------------------------------------------------------------
-VOCAB = 12
-PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]
 SAMPLES = 1200
-SAMPLING = SamplingConfig(temperature=0.9, top_p=0.95)
 
 
 @pytest.fixture(scope="module")
 def target() -> Target:
-    return Target(tiny_llama(vocab_size=VOCAB, layers=3, hidden=32, seed=5, std=0.2, eos_token_id=None))
+    return tiny_target()
 
 
 @pytest.fixture(scope="module")
 def exact(target) -> dict:
-    with torch.no_grad():
-        first = probabilities(target.model(torch.tensor([PROMPT])).logits[0, -1], SAMPLING)  # [V]
-        second = probabilities(target.model(torch.tensor([PROMPT + [t] for t in range(VOCAB)])).logits[:, -1],
-                               SAMPLING)  # [V, V]
-    return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)
-            if first[a] * second[a, b] > 0}
+    return exact_pairs(target)
 
 
 def _pairs(engine: Engine) -> list[tuple[int, int]]:
-    pairs = []
-    for seed in range(SAMPLES):
-        sampling = SamplingConfig(temperature=SAMPLING.temperature, top_p=SAMPLING.top_p, seed=seed)
-        out = engine.generate(PROMPT, sampling, GenerationConfig(max_new_tokens=2, stop_on_eos=False)).token_ids
-        pairs.append((out[0], out[1]))
-    return pairs
+    return sample_pairs(engine, SAMPLES)
 
 
 BUILDERS = {

@@ -1,0 +1,39 @@
+"""The end-to-end sampling setting the statistical tests share: a tiny target, a repetitive prompt (so
+prompt lookup drafts from it), and the exact joint distribution of the first two generated tokens."""
+from __future__ import annotations
+
+import torch
+
+from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.engine import Engine
+from specdecode.sampling import probabilities
+from specdecode.target import Target
+from tests.tiny import tiny_llama
+
+VOCAB = 12
+PROMPT = [3, 4, 5, 3, 4, 5, 3, 4]
+SAMPLING = SamplingConfig(temperature=0.9, top_p=0.95)
+
+
+def tiny_target() -> Target:
+    return Target(tiny_llama(vocab_size=VOCAB, layers=3, hidden=32, seed=5, std=0.2, eos_token_id=None))
+
+
+def exact_pairs(target: Target) -> dict[tuple[int, int], float]:
+    """P(t1, t2 | PROMPT) under the target with SAMPLING's transform."""
+    with torch.no_grad():
+        first = probabilities(target.model(torch.tensor([PROMPT])).logits[0, -1], SAMPLING)  # [V]
+        second = probabilities(target.model(torch.tensor([PROMPT + [t] for t in range(VOCAB)])).logits[:, -1],
+                               SAMPLING)  # [V, V]
+    return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)
+            if first[a] * second[a, b] > 0}
+
+
+def sample_pairs(engine: Engine, samples: int) -> list[tuple[int, int]]:
+    """The first two tokens of `samples` generations, seeds 0..samples-1 (3 tokens asked: no length cut)."""
+    pairs = []
+    for seed in range(samples):
+        sampling = SamplingConfig(temperature=SAMPLING.temperature, top_p=SAMPLING.top_p, seed=seed)
+        out = engine.generate(PROMPT, sampling, GenerationConfig(max_new_tokens=3, stop_on_eos=False)).token_ids
+        pairs.append((out[0], out[1]))
+    return pairs
