@@ -94,7 +94,7 @@ class Target:
             out = fn(
                 input_ids=block.input_ids,
                 position_ids=block.positions,
-                attention_mask=block.mask,
+                attention_mask=self._layer_masks(block),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1 if keep == "last" else 0,
@@ -104,6 +104,26 @@ class Target:
         if fn is not self.model:  # CUDA-graph outputs are overwritten by the next replay: own a copy
             logits, states = logits.clone(), (None if states is None else states.clone())
         return ForwardOutput(logits, states)
+
+    def _layer_masks(self, block: Block) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The block's tree mask, plus a sliding-window copy where the model has sliding-window layers:
+        transformers passes a ready 4D mask through unchanged, so the window must be applied here. A key is
+        visible within the window when key position > query position - window (transformers' overlay).
+        Models with per-layer types (Gemma 3) get a mask per type; older ones (Mistral) one windowed mask."""
+        window = getattr(self.config, "sliding_window", None)
+        types = set(getattr(self.config, "layer_types", None) or ())
+        mask = block.mask  # [b, 1, q, kv]
+        if not window or mask.shape[-1] <= window or (types and "sliding_attention" not in types):
+            return mask
+        if not types and getattr(self.config, "use_sliding_window", True) is False:
+            return mask
+        b, kv = mask.shape[0], mask.shape[-1]
+        key_positions = torch.arange(kv, device=mask.device).expand(b, kv).clone()  # committed slot == position
+        key_positions.scatter_(1, block.slots.to(mask.device), block.positions)  # this block's nodes
+        windowed = mask & (key_positions[:, None, None, :] > block.positions[:, None, :, None] - window)
+        if not types:
+            return windowed
+        return {kind: windowed if kind == "sliding_attention" else mask for kind in types}
 
     def warmup(self, cache: RollbackCache, max_q: int, num_layers: int | None = None, hidden: bool = False) -> None:
         """Compile (and record) every fixed-shape step up to max_q tokens before timing anything, with the
