@@ -89,11 +89,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps({"text": "".join(pieces), "new_tokens": metrics.new_tokens,
                           "target_passes": metrics.target_passes, "tau": round(metrics.tau, 4),
                           "acceptance_rate": round(metrics.acceptance_rate, 4),
-                          "tokens_per_s": round(metrics.tokens_per_s, 3), "drafter": args.drafter,
+                          "tokens_per_s": round(metrics.tokens_per_s, 3), "drafter": decoder.engine.drafter.name,
                           "finish_reason": seq.finish_reason, "metrics": metrics.as_dict()}))
     else:
         by_pos = " ".join(f"{x:.2f}" for x in metrics.acceptance_by_position) or "-"
-        print(f"\n\n[{args.drafter}] {metrics.new_tokens} tokens, {metrics.target_passes} target passes, "
+        print(f"\n\n[{decoder.engine.drafter.name}] {metrics.new_tokens} tokens, {metrics.target_passes} target passes, "
               f"tau {metrics.tau:.2f}, acceptance {metrics.acceptance_rate:.2f} (by position: {by_pos}), "
               f"{metrics.tokens_per_s:.1f} tokens/s; time: prefill {metrics.prefill_s:.2f}s, "
               f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}")

@@ -88,6 +88,7 @@ def test_json_output_on_tiny_model(tiny_model_dir):
     for key in ("text", "new_tokens", "target_passes", "tau", "acceptance_rate", "tokens_per_s"):
         assert key in payload
     assert payload["new_tokens"] <= 16 and payload["target_passes"] >= 1
+    assert payload["drafter"] == "prompt-lookup"  # the default `auto`, resolved: the tiny model has no head
 
 
 def test_streaming_text_then_metrics(tiny_model_dir, capsys):
