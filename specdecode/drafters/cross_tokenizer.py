@@ -22,8 +22,8 @@ import torch
 
 from ..config import ConfigError
 from ..target import Target
-from ..trees import build_block
 from .base import Draft, RowStateDrafter, SequenceContext
+from .model_step import feed_chain
 from .text_bridge import appended_text, committed_text, continuation_ids, encode
 
 
@@ -88,9 +88,4 @@ class CrossTokenizerDrafter(RowStateDrafter):
 
     def _feed(self, state: _State, ids: list[int]) -> torch.Tensor:
         """Append `ids` after the cached ones -> logits [draft_vocab] after the last of them."""
-        start = len(state.cached)
-        self.cache.ensure(max(self._pool.rows, 1), start + len(ids) + 1)
-        block = build_block([start], [ids], [list(range(-1, len(ids) - 1))], self.draft.pad_id, self.draft.device)
-        out = self.draft.forward(self.cache, [state.row], block, keep="last")
-        state.cached.extend(ids)
-        return out.logits[0, -1]
+        return feed_chain(self.draft, self.cache, state.row, self._pool.rows, state.cached, ids)

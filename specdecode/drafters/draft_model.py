@@ -11,10 +11,9 @@ import torch
 from ..config import ConfigError, SpecConfig
 from ..models import load_model
 from ..target import Target
-from ..trees import build_block
 from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
 from .cross_tokenizer import CrossTokenizerDrafter
-from .model_step import choose
+from .model_step import choose, feed_chain
 
 
 @dataclass
@@ -46,12 +45,7 @@ class DraftModel(RowStateDrafter):
 
     def _forward(self, state: _State, new: list[int]) -> torch.Tensor:
         """Feed `new` after state.cached; returns logits [draft_vocab] after the last of them."""
-        start = len(state.cached)
-        self.cache.ensure(max(self._pool.rows, 1), start + len(new) + 1)
-        block = build_block([start], [new], [list(range(-1, len(new) - 1))], self.draft.pad_id, self.draft.device)
-        out = self.draft.forward(self.cache, [state.row], block, keep="last")
-        state.cached.extend(new)
-        return out.logits[0, -1]
+        return feed_chain(self.draft, self.cache, state.row, self._pool.rows, state.cached, new)
 
     def _draft_one(self, seq: SequenceContext) -> Draft:
         if seq.k <= 0:

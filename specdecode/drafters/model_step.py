@@ -5,6 +5,8 @@ import torch
 
 from ..config import SamplingConfig
 from ..sampling import probabilities, sample
+from ..target import Target
+from ..trees import build_block
 
 
 def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator, vocab: int
@@ -19,3 +21,14 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
         return int(token), None, float(top)
     q = probabilities(logits, sampling)
     return sample(q, generator), q, float(q.max())
+
+
+def feed_chain(draft: Target, cache, row: int, rows: int, cached: list[int], ids: list[int]) -> torch.Tensor:
+    """Append `ids` after the `cached` tokens of a draft model's cache row (cached is extended in place);
+    returns the logits [draft_vocab] after the last of them. rows: rows the cache must hold."""
+    start = len(cached)
+    cache.ensure(max(rows, 1), start + len(ids) + 1)
+    block = build_block([start], [ids], [list(range(-1, len(ids) - 1))], draft.pad_id, draft.device)
+    out = draft.forward(cache, [row], block, keep="last")
+    cached.extend(ids)
+    return out.logits[0, -1]
