@@ -8,6 +8,7 @@ from typing import Iterator
 
 import torch
 
+from .cpu_gemm import SkinnyLinears, helps
 from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
 from .trees import Block, build_block
@@ -38,9 +39,13 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class Target:
-    """The model being decoded (also used by drafters that run a model: draft-model, layer-skip)."""
+    """The model being decoded (also used by drafters that run a model: draft-model, layer-skip).
 
-    def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None):
+    skinny_gemm: compute linear layers as W @ X^T in eager passes (cpu_gemm); None = measure on this machine
+    and use it where it is faster (CPU only)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None,
+                 skinny_gemm: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.fast = fast or FastPathConfig()
@@ -59,6 +64,12 @@ class Target:
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(config, "pad_token_id", None)
         self.pad_id: int = pad if isinstance(pad, int) else (min(self.eos_ids) if self.eos_ids else 0)
+        use_skinny = helps(model) if skinny_gemm is None else skinny_gemm
+        self._skinny = SkinnyLinears(model) if use_skinny and self.device.type == "cpu" else None
+
+    @property
+    def skinny_gemm(self) -> bool:
+        return self._skinny is not None
 
     def new_cache(self, rows: int = 1, capacity: int = 256, num_layers: int | None = None) -> RollbackCache:
         if self.fast.enabled:
@@ -89,8 +100,10 @@ class Target:
         cache.prepare(rows, slots, block.kv_len)
         if fn is not self.model and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
-        kernels = eager_attention(self.device) if fn is self.model else contextlib.nullcontext()
-        with self._truncated(num_layers), kernels:
+        eager = fn is self.model
+        attention = eager_attention(self.device) if eager else contextlib.nullcontext()
+        linears = self._skinny if eager and self._skinny is not None else contextlib.nullcontext()
+        with self._truncated(num_layers), attention, linears:
             out = fn(
                 input_ids=block.input_ids,
                 position_ids=block.positions,

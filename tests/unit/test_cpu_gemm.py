@@ -1,0 +1,53 @@
+"""The CPU linear kernel (cpu_gemm): same products as F.linear, scoped to our passes, lossless when forced on."""
+import pytest
+import torch
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.cpu_gemm import MAX_ROWS, SkinnyLinears, helps, skinny_linear
+from specdecode.engine import Engine
+from specdecode.target import Target
+from tests.tiny import tiny_drafter
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (1, 5, 64), (3, 7, 64), (MAX_ROWS + 1, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_same_product_as_linear(shape, with_bias):
+    torch.manual_seed(0)
+    x, weight = torch.randn(*shape), torch.randn(48, 64)
+    bias = torch.randn(48) if with_bias else None
+    out = skinny_linear(x, weight, bias)
+    assert out.shape == (*shape[:-1], 48)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_swap_is_scoped(tiny_model):
+    linear = next(m for m in tiny_model.modules() if isinstance(m, torch.nn.Linear))
+    swap = SkinnyLinears(tiny_model)
+    with pytest.raises(ValueError):
+        with swap:
+            assert "forward" in linear.__dict__
+            with pytest.raises(RuntimeError):
+                swap.__enter__()  # not re-entrant
+            raise ValueError("an error inside a pass")
+    assert "forward" not in linear.__dict__  # restored even on error: transformers sees the stock module
+
+
+def test_tiny_models_keep_the_stock_kernel(tiny_model):
+    assert not helps(tiny_model)  # weights in cache: nothing to gain, nothing measured
+
+
+@pytest.mark.parametrize("name", ["none", "prompt-lookup", "eagle", "layer-skip"])
+def test_greedy_equals_plain_with_kernel_forced_on(name, tiny_model, tiny_tokenizer, tiny_draft_dir):
+    """The same greedy equivalence as test_greedy_tiny, through the W @ X^T kernel (which the auto choice
+    never picks for a tiny model)."""
+    target = Target(tiny_model, tiny_tokenizer, skinny_gemm=True)
+    assert target.skinny_gemm
+    spec = SpecConfig(k=4)
+    engine = Engine(target, tiny_drafter(target, name, spec, tiny_draft_dir), spec)
+    ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the mat. the cat")["input_ids"]
+    expected = tiny_model.generate(torch.tensor([ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                                   pad_token_id=0, eos_token_id=None)[0, len(ids):].tolist()
+    result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=40, stop_on_eos=False))
+    assert result.token_ids == expected
+    if name != "none":
+        assert result.metrics.proposed > 0
