@@ -41,7 +41,7 @@ class SpecConfig:
     confidence: a model drafter stops drafting early when its top probability falls below it (0 = off).
     pause_below / pause_window / pause_steps: when the last pause_window drafting steps accepted fewer than
     pause_below draft tokens per step on average, draft nothing for pause_steps steps (plain decoding), then
-    try again. A verify pass of a few tokens costs ~1.4-1.6x a one-token pass on a CPU (MEASUREMENTS.md), so a
+    try again; each failed retry doubles the pause (speculation.SpeculationLength). A verify pass of a few tokens costs ~1.4-1.6x a one-token pass on a CPU (MEASUREMENTS.md), so a
     drafter that keeps missing makes decoding slower than plain; on a GPU the pause costs at most the few
     tokens it would have accepted. 0 turns it off.
     """

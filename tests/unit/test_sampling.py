@@ -62,7 +62,11 @@ def test_speculation_pauses_while_it_does_not_pay_then_retries():
     for _ in range(3):  # paused steps draft nothing
         assert length.k == 0
         length.update(drafted=0, accepted=0)
-    assert length.k == 5  # retried with a fresh window
+    assert length.k == 1  # retried with a fresh window, drafting min_k tokens first
+    length.update(drafted=1, accepted=1)
+    assert length.k == 3  # the probe passed: back towards K by 2
+    length.update(drafted=3, accepted=3)
+    assert length.k == 5
     for _ in range(4):
         length.update(drafted=5, accepted=2)
     assert length.k == 5  # 2 per step pays: no pause
@@ -70,6 +74,24 @@ def test_speculation_pauses_while_it_does_not_pay_then_retries():
     for _ in range(50):
         never.update(drafted=5, accepted=0)
     assert never.k == 5
+
+
+def test_pause_backs_off_while_retries_fail_and_resets_once_one_pays():
+    length = SpeculationLength(SpecConfig(k=5, pause_below=0.5, pause_window=2, pause_steps=3))
+    pauses = []
+    for _ in range(4):  # a drafter that never pays: each failed window pauses twice as long as the last
+        for _ in range(2):
+            length.update(drafted=5, accepted=0)
+        pauses.append(0)
+        while length.k == 0:
+            pauses[-1] += 1
+            length.update(drafted=0, accepted=0)
+    assert pauses == [3, 6, 12, 24]
+    for _ in range(2):  # a window that pays resets the back-off
+        length.update(drafted=5, accepted=3)
+    for _ in range(2):
+        length.update(drafted=5, accepted=0)
+    assert length.paused == 3
 
 
 def test_pause_config_checked():
