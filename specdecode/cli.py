@@ -35,7 +35,7 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
-                        help="lookahead: window, n-gram size, verified candidates (default 1,6,2, measured)")
+                        help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
     parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
     parser.add_argument("--max-k", type=int, default=12, help="upper bound for adaptive K")

@@ -9,23 +9,27 @@ frontier. At the end the `nodes` best candidates of all depths form the draft tr
 its child, so the set is ancestor-closed). Tokens are chosen deterministically (q = None), which keeps
 multi-candidate rejection sampling over siblings lossless.
 
-Tree budget per device (TREE_BUDGETS), chosen by measurement. On the 2-core CPU a verify pass is compute-bound
-beyond ~8 tokens (57 ms at q = 1, 83 ms at q = 8, 97 ms at q = 16, fp32, 2 threads), so small trees win there:
-greedy, 128 tokens, first turns of one bench prompt per category, quiet machine, same session (none: 16.2 tok/s):
-top_k/depth/nodes 10/7/31: 19.0 tok/s (tau 3.63); 8/5/16: 22.1 (3.45); 6/5/10: 26.3 (3.2); 6/5/7: 28.2
-(3.06); 6/4/8: 27.8 (2.95); 4/4/6: 25.3 (2.88). On a GPU a pass is flat up to ~128 tokens: 10/8/63 there.
+Tree budget per device (TREE_BUDGETS), chosen by measurement. On the 2-core CPU every extra verified node costs
+~5 ms on top of a ~30 ms one-token pass (with cpu_gemm's kernel: 29 ms at q = 1, 49 at 4, 65 at 8, 80 at 16,
+fp32, 2 threads), so small trees win there: greedy, 128 tokens, first turns of one bench prompt per category,
+same process (none: 28.1 tok/s): top_k/depth/nodes 6/5/7: 24.1 tok/s (tau 3.06); 4/5/5: 26.7 (3.00); 3/4/4:
+27.2 (2.78); 4/4/4: 29.9 (2.78); 3/3/3: 30.2 (2.57); without the copy branch 2/3/3: 30.6 (2.00). (With the
+stock kernel, whose one-token pass cost 57 ms, 6/5/7 was best: 28.2 tok/s vs 16.2 plain.) On a GPU a pass is
+flat up to ~128 tokens: 10/8/63 there.
 The copy branch (prompt-lookup continuation grafted on, at most `depth` more nodes) lifts summaries and RAG
 (31/7: 3.32 -> 3.85 overall); an 8192-token bf16 draft head instead of 16384 in fp32 costs 0.04 tau and
 halves drafting time on the CPU. The depth is also capped by seq.k (the engine's speculation length).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from ..config import ConfigError, SpecConfig
+from ..cpu_gemm import SkinnyLinears
 from ..kv_cache import RollbackCache
 from ..target import Target, eager_attention
 from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
@@ -51,7 +55,7 @@ class TreeBudget:
             raise ConfigError(f"tree budget values must be positive, got {self}")
 
 
-TREE_BUDGETS = {"cpu": TreeBudget(top_k=6, depth=5, nodes=7), "cuda": TreeBudget(top_k=10, depth=8, nodes=63)}
+TREE_BUDGETS = {"cpu": TreeBudget(top_k=3, depth=3, nodes=3), "cuda": TreeBudget(top_k=10, depth=8, nodes=63)}
 # Draft vocabulary per device (a prefix of the head's, most frequent first; None = all of it). On the CPU the
 # draft LM head is read once per depth and dominates drafting time: 8192 tokens in bf16 cost ~5 ms a read
 # instead of ~26 ms for 16384 in fp32, and still cover ~98% of answer tokens.
@@ -94,6 +98,9 @@ class Eagle(RowStateDrafter):
         self.vocab = FrozenVocab(target.model, net.draft_ids, draft_vocab, head_dtype)
         self.device = target.device
         self.cache = RollbackCache(1, rows=1, capacity=256)
+        # the draft layer's few-row products take the target's CPU kernel too (bf16 draft head excepted: oneDNN
+        # is fast there)
+        self._linears = SkinnyLinears(net) if target.skinny_gemm else contextlib.nullcontext()
         super().__init__()
 
     def max_nodes(self, k: int) -> int:
@@ -124,7 +131,7 @@ class Eagle(RowStateDrafter):
         q = tokens.shape[0]
         self.cache.ensure(self._pool.rows, first_slot + q)
         self.cache.prepare([row], first_slot, first_slot + q)
-        with eager_attention(self.device):
+        with eager_attention(self.device), self._linears:
             out = self.net(self.vocab.embed(tokens)[None], features[None].to(self.vocab.embed_weight.dtype),
                            positions[None], mask[None, None], self.cache)
         return out[0]

@@ -30,18 +30,18 @@ class LookaheadConfig:
     """window W: Jacobi columns; ngram N: n-gram size (N-1 levels, candidates of N-1 tokens); candidates G:
     n-grams verified per pass.
 
-    Defaults from measurement on the 2-core development CPU (SmolLM2-135M, 2 code + 2 summarisation prompts,
-    a shared machine): a pass of q tokens costs ~1.5x (q <= 8), ~2.1x (q = 16), ~3.1x (q = 31) a one-token
-    pass (one thread), so what counts is tokens per pass *per width*. Long candidates (N=6) copy longer spans
-    of prompt and output and gave the highest tau; the window added little over the pool's prompt/output
-    n-grams, and a wide window or many candidates cost more than they returned, so W=1, G=2 (passes of at
-    most 16 tokens). For the same reason a pass with nothing to verify (no pool n-gram starts with the
-    pending token) is a plain one-token pass without the window, unless every_step (the paper's schedule,
-    for GPUs where width is free)."""
+    Defaults from measurement on the 2-core development CPU (SmolLM2-135M, fp32, first turns of one bench
+    prompt per category, 128 tokens, same process; none ~28 tok/s there with cpu_gemm's kernel, whose
+    one-token pass costs ~29 ms and every extra row ~5 ms): W,N,G = 1,6,2: 23.3 tok/s (tau 1.71); 1,6,1: 25.2
+    (1.60); 1,3,2: 26.5 (1.52); 1,4,1: 27.9 (1.53); without the window (0,6,1, which is plain n-gram lookup
+    over prompt and output): 31.2 (1.62). Width is what costs on a CPU, so the default keeps the smallest
+    window that is still lookahead decoding: W=1, N=4, G=1. For the same reason a pass with nothing to verify
+    (no pool n-gram starts with the pending token) is a plain one-token pass without the window, unless
+    every_step (the paper's schedule, for GPUs where width is free: pass wider W, N, G there)."""
 
     window: int = 1
-    ngram: int = 6
-    candidates: int = 2
+    ngram: int = 4
+    candidates: int = 1
     pool_per_key: int = 8  # n-grams kept per first token (most recent first)
     seed: int = 0  # for the initial guesses drawn from the prompt
     every_step: bool = False

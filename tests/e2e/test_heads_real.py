@@ -1,11 +1,15 @@
 """The shipped EAGLE and Medusa heads on the real default model: found by default, greedy output identical to
 transformers' plain greedy decoding, and drafts that the target actually accepts."""
+import json
+
 import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.eagle import Eagle, TreeBudget
 from specdecode.drafters.head_io import find_shipped_head
+from specdecode.trees import compile_paths
 from specdecode.engine import Engine
 
 pytestmark = pytest.mark.slow
@@ -32,11 +36,24 @@ def references(default_model):
     return out
 
 
+def quality_tree(drafter, target_model) -> None:
+    """The heads' quality is checked on a mid-sized tree, not on the CPU's speed-tuned one (3 nodes, which
+    trades tau for cheaper passes): EAGLE's former CPU tree 6/5/7, Medusa's 12 best paths."""
+    if isinstance(drafter, Eagle):
+        drafter.budget = TreeBudget(top_k=6, depth=5, nodes=7)
+    else:
+        head_dir = find_shipped_head("medusa", target_model)
+        paths = json.loads((head_dir / "config.json").read_text())["trees"]["cuda"][:12]
+        drafter.tree, drafter._trees = compile_paths(paths), {}
+
+
 @pytest.mark.parametrize("kind, min_tau", [("eagle", 2.2), ("medusa", 1.3)])
 def test_shipped_head_is_lossless_and_accepted(kind, min_tau, default_target, references):
     assert find_shipped_head(kind, default_target.model) is not None
     spec = SpecConfig(k=5)
-    engine = Engine(default_target, build_drafter(default_target, DrafterConfig(kind), spec), spec)
+    drafter = build_drafter(default_target, DrafterConfig(kind), spec)
+    quality_tree(drafter, default_target.model)
+    engine = Engine(default_target, drafter, spec)
     passes = tokens = 0
     for text in PROMPTS:
         result = engine.generate(chat_ids(default_target.tokenizer, text), SamplingConfig(),
