@@ -1,5 +1,6 @@
 """Not a test (run by hand): cross-tokenizer drafting on Gemma 3 270M (target) + SmolLM2-135M-Instruct (draft)
-against transformers' own cross-tokenizer assisted generation and plain decoding, same prompts, one run.
+against transformers' own cross-tokenizer assisted generation and plain decoding (transformers' and ours, whose Targets use the CPU kernel of specdecode/cpu_gemm.py where it is
+faster), same prompts, one run.
 
     .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE ...]
 
@@ -14,6 +15,7 @@ import time
 import torch
 
 from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, get_spec
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdecode.engine import Engine
 from specdecode.models import load_model
@@ -49,6 +51,9 @@ def main() -> None:
         hf, hf_s = timed(lambda: gemma.model.generate(ids, assistant_model=smol.model, tokenizer=gemma.tokenizer,
                                                       assistant_tokenizer=smol.tokenizer, **common)[0, ids.shape[1]:].tolist())
         rows = [("hf-generate", plain, plain_s, None), ("hf-assisted-cross-tokenizer", hf, hf_s, None)]
+        ours_plain = Engine(target, get_spec("none").build(target, DrafterConfig("none"), SpecConfig()), SpecConfig())
+        result = ours_plain.generate(ids[0].tolist(), generation=generation)
+        rows.append(("specdecode-none", result.token_ids, result.metrics.total_s, result.metrics))
         for k, confidence in settings:
             spec = SpecConfig(k=int(k), confidence=confidence)
             engine = Engine(target, CrossTokenizerDrafter(draft, target, confidence), spec)
