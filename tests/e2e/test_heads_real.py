@@ -64,6 +64,6 @@ def test_shipped_head_is_lossless_and_accepted(kind, min_tau, default_target, re
     assert tokens / passes > min_tau, f"the {kind} head drafts too little (tau {tokens / passes:.2f})"
 
 
-def test_auto_picks_eagle_with_its_shipped_head_on_cpu(default_target):
+def test_auto_picks_the_measured_best_on_cpu(default_target):
     drafter = build_drafter(default_target, DrafterConfig("auto"), SpecConfig())
-    assert drafter.name == "eagle"
+    assert drafter.name == "prompt-lookup"

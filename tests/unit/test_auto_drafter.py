@@ -14,5 +14,5 @@ def test_auto_falls_back_to_prompt_lookup_without_a_head():
 
 
 def test_best_drafter_per_device():
-    assert best_drafter_name("cpu") == "eagle"
+    assert best_drafter_name("cpu") == "prompt-lookup"
     assert best_drafter_name("cuda") == "prompt-lookup"
