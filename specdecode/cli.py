@@ -8,6 +8,7 @@ import os
 import sys
 
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from .drafters.lookahead import LookaheadConfig
 
 EXIT_USAGE = 2
 
@@ -50,7 +51,11 @@ def _lookahead_triple(text: str) -> tuple[int, int, int]:
     try:
         window, ngram, candidates = (int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected three integers W,N,G (e.g. 1,6,2), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected three integers W,N,G (e.g. 1,4,1), got {text!r}") from None
+    try:  # checked here, before the model loads (a first load prints conversion progress)
+        LookaheadConfig(window, ngram, candidates)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return window, ngram, candidates
 
 
