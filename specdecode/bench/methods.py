@@ -191,7 +191,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                     raise ConfigError(reason) from error
                 skipped[name] = reason
                 continue
-            params = {"k": options.k, **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
+            params = {"k": options.k, "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (cpu_gemm)
+                      **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
                       **({"draft_model": draft} if draft else {})}
             methods.append(Method(name, "specdecode", _engine_runner(engine), params))
     return methods
