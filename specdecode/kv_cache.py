@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .cuda_graphs import StepGraphs
+
 
 class _SlotLayer(CacheLayerMixin):
     """One layer's buffers; allocated lazily at the first write (shape and dtype come from the model)."""
@@ -67,6 +69,7 @@ class RollbackCache(Cache):
         self.kv_len = 0
         self._rows: slice | torch.Tensor = slice(0, rows)
         self._slots: int | torch.Tensor = 0
+        self.graphs = StepGraphs()  # fast path on CUDA: captured steps that write these buffers
         super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
 
     @property
@@ -83,6 +86,7 @@ class RollbackCache(Cache):
         new_capacity = self.capacity if capacity <= self.capacity else max(capacity, 2 * self.capacity)
         for layer in self.layers:
             layer.resize(new_rows, new_capacity)
+        self.graphs.clear()  # they point at the old buffers
         self.num_rows, self.capacity = new_rows, new_capacity
 
     # -- one forward ----------------------------------------------------------------------------------------

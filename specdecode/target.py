@@ -8,6 +8,7 @@ from typing import Iterator
 
 import torch
 
+from .attention import using_grouped_attention
 from .cpu_gemm import SkinnyLinears, helps
 from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
@@ -50,10 +51,13 @@ class Target:
         self.tokenizer = tokenizer
         self.fast = fast or FastPathConfig()
         self._step_fn = model
+        self._pool = None
+        first = next(model.parameters())
+        self._captures = self.fast.captures(first.device)
         if self.fast.enabled and self.fast.compile:
             raise_recompile_limits()
             options = {"mode": self.fast.mode_for(next(model.parameters()).device)} if self.fast.backend == "inductor" else {}
-            self._step_fn = torch.compile(model, backend=self.fast.backend, dynamic=False, **options)
+            self._step_fn = torch.compile(model, backend=self.fast.backend, dynamic=self.fast.dynamic, **options)
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = config
         self.num_layers: int = config.num_hidden_layers
@@ -66,6 +70,12 @@ class Target:
         self.pad_id: int = pad if isinstance(pad, int) else (min(self.eos_ids) if self.eos_ids else 0)
         use_skinny = helps(model) if skinny_gemm is None else skinny_gemm
         self._skinny = SkinnyLinears(model) if use_skinny and self.device.type == "cpu" else None
+
+    @property
+    def block_device(self) -> torch.device:
+        """Where the engine builds its blocks: on the CPU for the fast path, which pads them there and copies
+        each tensor to the device once (a dozen small device ops per step cost more host time on CUDA)."""
+        return torch.device("cpu") if self.fast.enabled else self.device
 
     @property
     def skinny_gemm(self) -> bool:
@@ -97,26 +107,66 @@ class Target:
             if bucket is not None and keep == "all" and cache.layers[0].is_initialized:
                 fn = self._step_fn
         slots = block.uniform_start if block.uniform_start is not None else block.slots
-        cache.prepare(rows, slots, block.kv_len)
-        if fn is not self.model and self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
+        inputs = {"input_ids": block.input_ids, "positions": block.positions, "slots": slots}
+        masks = self._layer_masks(block)
+        inputs.update({"mask": masks} if isinstance(masks, torch.Tensor) else {f"mask:{k}": v for k, v in masks.items()})
+
+        def step(inputs: dict) -> tuple[torch.Tensor, ...]:
+            return self._call(fn, cache, rows, inputs, block.kv_len, keep, hidden, num_layers)
+
+        outputs = None
+        if fn is not self.model and self._captures and isinstance(slots, torch.Tensor):
+            key = (tuple(rows), q if bucket is None else bucket, hidden, num_layers)
+            outputs = cache.graphs.run(key, inputs, step, self._graph_pool(), self.device)  # copies the inputs in
+        if outputs is None:
+            inputs = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
+                      for name, value in inputs.items()}
+            if fn is not self.model and self.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            outputs = step(inputs)
+        logits, states = outputs[0][:, :q], (outputs[1][:, :q] if hidden else None)
+        if fn is not self.model:  # CUDA-graph outputs are overwritten by the next replay: own a copy
+            logits, states = logits.clone(), (None if states is None else states.clone())
+        return ForwardOutput(logits, states)
+
+    def _call(self, fn, cache: RollbackCache, rows: list[int], inputs: dict, kv_len: int, keep: str, hidden: bool,
+              num_layers: int | None) -> tuple[torch.Tensor, ...]:
+        """One model call on `inputs` (a dict, so a captured graph can replay it on its own static copies)."""
+        cache.prepare(rows, inputs["slots"], kv_len)
+        masks = inputs.get("mask")
+        if masks is None:
+            masks = {name.split(":", 1)[1]: value for name, value in inputs.items() if name.startswith("mask:")}
         eager = fn is self.model
-        attention = eager_attention(self.device) if eager else contextlib.nullcontext()
+        attention = eager_attention(self.device) if eager else self._compiled_attention()
         linears = self._skinny if eager and self._skinny is not None else contextlib.nullcontext()
-        with self._truncated(num_layers), attention, linears:
+        grouped = using_grouped_attention(self.config, cache.static and self.fast.grouped_attention)
+        with self._truncated(num_layers), attention, linears, grouped:
             out = fn(
-                input_ids=block.input_ids,
-                position_ids=block.positions,
-                attention_mask=self._layer_masks(block),
+                input_ids=inputs["input_ids"],
+                position_ids=inputs["positions"],
+                attention_mask=masks,
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1 if keep == "last" else 0,
                 output_hidden_states=hidden,
             )
-        logits, states = out.logits[:, :q], (out.hidden_states[-1][:, :q] if hidden else None)
-        if fn is not self.model:  # CUDA-graph outputs are overwritten by the next replay: own a copy
-            logits, states = logits.clone(), (None if states is None else states.clone())
-        return ForwardOutput(logits, states)
+        return (out.logits, out.hidden_states[-1]) if hidden else (out.logits,)
+
+    def _compiled_attention(self) -> contextlib.AbstractContextManager:
+        """The SDPA kernels compiled steps may use (chosen when they are traced; FastPathConfig)."""
+        if self.device.type != "cuda" or not self.fast.attention_kernels:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        names = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+        return sdpa_kernel([names[name] for name in self.fast.attention_kernels], set_priority=True)
+
+    def _graph_pool(self):
+        """One memory pool for all graphs of this target (they never run at the same time)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     def _layer_masks(self, block: Block) -> torch.Tensor | dict[str, torch.Tensor]:
         """The block's tree mask, plus a sliding-window copy where the model has sliding-window layers:

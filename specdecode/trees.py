@@ -25,14 +25,14 @@ def depths_of(parents: tuple[int, ...] | list[int]) -> list[int]:
 
 def ancestor_matrix(parents: tuple[int, ...] | list[int]) -> torch.Tensor:
     """[n, n] bool, [i, j] true when j is i or an ancestor of i. Example: parents (-1, 0, -1) ->
-    [[1,0,0],[1,1,0],[0,0,1]]."""
+    [[1,0,0],[1,1,0],[0,0,1]]. Built as Python lists, one tensor at the end (it runs every decoding step)."""
     n = len(parents)
-    visible = torch.zeros((n, n), dtype=torch.bool)
+    rows: list[list[bool]] = []
     for node, parent in enumerate(parents):
-        if parent >= 0:
-            visible[node] = visible[parent]
-        visible[node, node] = True
-    return visible
+        row = rows[parent].copy() if parent >= 0 else [False] * n
+        row[node] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).reshape(n, n)
 
 
 @dataclass(frozen=True)
@@ -63,22 +63,22 @@ def build_block(
     batch = len(prefix_lens)
     q = max(len(tokens) for tokens in block_tokens)
     kv_len = max(prefix_lens) + q
-    input_ids = torch.full((batch, q), pad_id, dtype=torch.long)
-    positions = torch.zeros((batch, q), dtype=torch.long)
-    slots = torch.zeros((batch, q), dtype=torch.long)
+    ids, positions, slots = [], [], []
     mask = torch.zeros((batch, 1, q, kv_len), dtype=torch.bool)
     for b, (prefix, tokens, parents) in enumerate(zip(prefix_lens, block_tokens, block_parents)):
         n = len(tokens)
         full_parents = list(parents) + [-1] * (q - n)  # pads hang off nothing
-        input_ids[b, :n] = torch.tensor(tokens, dtype=torch.long)
-        depth = depths_of(full_parents)
-        positions[b] = prefix + torch.tensor(depth, dtype=torch.long) - 1
-        slots[b] = prefix + torch.arange(q)
+        ids.append([*tokens, *[pad_id] * (q - n)])
+        positions.append([prefix + depth - 1 for depth in depths_of(full_parents)])
+        slots.append(list(range(prefix, prefix + q)))
         mask[b, 0, :, :prefix] = True
         mask[b, 0, :, prefix : prefix + q] = ancestor_matrix(full_parents)
+    input_ids = torch.tensor(ids, dtype=torch.long)
+    position_ids = torch.tensor(positions, dtype=torch.long)
+    slot_ids = torch.tensor(slots, dtype=torch.long)
     same_start = all(p == prefix_lens[0] for p in prefix_lens)
     return Block(
-        input_ids.to(device), positions.to(device), slots, mask.to(device), kv_len,
+        input_ids.to(device), position_ids.to(device), slot_ids, mask.to(device), kv_len,
         prefix_lens[0] if same_start else None,
     )
 

@@ -17,7 +17,9 @@ from ..target import Target
 from ..trees import build_block
 
 RANDOM_CONFIGS = {
-    # Llama-3.2-1B and Llama-3.1-8B shapes
+    # SmolLM2-135M (the default model's shape, without its weights), Llama-3.2-1B and Llama-3.1-8B shapes
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, head_dim=64),
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                      num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True, head_dim=64),
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
