@@ -1,6 +1,6 @@
 """The fast path (gpt-fast style): a static cache read whole, fixed-shape steps (block sizes padded to a few
-buckets) and `torch.compile` of the model's own forward — CUDA graphs on CUDA (mode "reduce-overhead"),
-inductor on CPU. Prefill stays eager (its length varies)."""
+buckets) and `torch.compile` (inductor) of the model's own forward, each step shape then recorded in our
+own CUDA graph on CUDA (cuda_graphs.py). Prefill stays eager (its length varies)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
