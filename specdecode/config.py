@@ -44,6 +44,14 @@ class SpecConfig:
     try again; each failed retry doubles the pause (speculation.SpeculationLength). A verify pass of a few tokens costs ~1.4-1.6x a one-token pass on a CPU (MEASUREMENTS.md), so a
     drafter that keeps missing makes decoding slower than plain; on a GPU the pause costs at most the few
     tokens it would have accepted. 0 turns it off.
+    pause_on_time / pause_time_margin: also pause (same window, same back-off) when the window's drafting steps
+    cost more wall time per committed token than plain steps of the same sequence, by more than the margin
+    (0.05: 5 %). Accepting tokens is not enough to pay: drafting plus a wider verify pass can cost more per
+    committed token than a one-token pass (on a 2-core CPU lookahead ran at 0.90x our plain decoding while
+    accepting 0.37 of its draft, and a draft model half the target's size at 0.6x), and which drafters lose
+    depends on the machine, the model and the prompt, so it is measured per sequence rather than configured.
+    On by default. Greedy output does not depend on K, so the rule is lossless and changes only speed; a seeded
+    sampled sequence ignores it (its random draws depend on K, and a seed must reproduce the same text).
     """
 
     k: int = 5
@@ -54,6 +62,8 @@ class SpecConfig:
     pause_below: float = 0.3
     pause_window: int = 8
     pause_steps: int = 16
+    pause_on_time: bool = True
+    pause_time_margin: float = 0.05
 
     def __post_init__(self) -> None:
         if self.k <= 0:
@@ -65,6 +75,10 @@ class SpecConfig:
         if self.pause_below < 0 or self.pause_window < 1 or self.pause_steps < 1:
             raise ConfigError("pause_below must be >= 0 and pause_window, pause_steps >= 1, got "
                               f"{self.pause_below}, {self.pause_window}, {self.pause_steps}")
+        if not isinstance(self.pause_on_time, bool):
+            raise ConfigError(f"pause_on_time must be True or False, got {self.pause_on_time!r}")
+        if not 0 <= self.pause_time_margin < 1:
+            raise ConfigError(f"pause_time_margin must be in [0, 1), got {self.pause_time_margin}")
 
 
 @dataclass(frozen=True)

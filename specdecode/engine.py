@@ -145,7 +145,7 @@ class Engine:
             [[seq.ctx.tokens[-1], *draft.tokens, *_aux(draft).tokens] for seq, draft in zip(seqs, drafts)],
             [_block_parents(draft) for draft in drafts],
             self.target.pad_id,
-            self.target.device,
+            self.target.block_device,
         )
         self.cache.ensure(self.max_batch, block.kv_len)
         out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs], block, hidden=_needs_hidden(self.drafter))
@@ -158,10 +158,15 @@ class Engine:
             for b, (seq, draft, verdict) in enumerate(zip(seqs, drafts, verdicts))
         ]
         finished = time.perf_counter()
-        for seq in seqs:
+        for seq, draft, verdict, tokens in zip(seqs, drafts, verdicts, new_tokens):
             seq.metrics.draft_s += drafted - began
             seq.metrics.verify_s += finished - drafted
             seq.metrics.total_s += finished - began
+            # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
+            # draws) must not depend on timing, or the same seed would not give the same text
+            seeded = seq.ctx.sampling.seed is not None and not seq.ctx.sampling.greedy
+            seq.length.update(draft.depth, len(verdict.accepted), seconds=None if seeded else finished - began,
+                              committed=len(tokens))
         return new_tokens
 
     def _verify(self, seqs: list[Sequence], drafts: list[Draft], logits: torch.Tensor) -> list:
@@ -190,7 +195,6 @@ class Engine:
             ctx.hidden = hidden[[0, *path_in_block]]  # [accepted + 1, hidden]
         ctx.tokens.extend(tokens)
         seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens))
-        seq.length.update(draft.depth, len(verdict.accepted))
         if not seq.finished:
             self.drafter.observe(ctx, len(verdict.accepted))
         return tokens

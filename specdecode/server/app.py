@@ -66,7 +66,7 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
         raise ConfigError("the server needs a model with a tokenizer")
     router = RoutingDrafter({NO_SPECULATION: NoDrafter(), **drafters}, default_drafter)
     # the scheduler's per-step policy owns K here (it also switches speculation off when it does not pay)
-    spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0)
+    spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0, pause_on_time=False)
     engine = Engine(target, router, spec, max_batch=config.max_batch)
     metrics, lock = ServerMetrics(), threading.Lock()
     scheduler = Scheduler(engine, router, SchedulerConfig(config.max_batch, config.max_queue), metrics, policy, lock)

@@ -129,8 +129,8 @@ class CappedLength:
     def k(self) -> int:
         return min(self.own_k, self.cap)
 
-    def update(self, drafted: int, accepted: int) -> None:
-        self.inner.update(drafted, accepted)
+    def update(self, drafted: int, accepted: int, seconds: float | None = None, committed: int = 1) -> None:
+        self.inner.update(drafted, accepted, seconds=seconds, committed=committed)
 
 
 @dataclass

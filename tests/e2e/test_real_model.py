@@ -73,7 +73,7 @@ def test_real_greedy_equals_plain(name, default_target, chat_ids, references, sm
 
 
 def test_prompt_lookup_tau_on_repeat_prompt(default_model):
-    decoder = SpecDecoder.load(drafter="prompt-lookup")
+    decoder = SpecDecoder.load(drafter="prompt-lookup", spec=SpecConfig(pause_on_time=False))  # tau asserted
     passage = ("The river rose slowly through the night, and by morning the old stone bridge stood alone in "
                "a wide brown lake, its arches half hidden under the moving water.")
     result = decoder.generate(f"Repeat the following passage exactly:\n{passage}", chat=True, max_new_tokens=64)
