@@ -42,8 +42,8 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
 class Target:
     """The model being decoded (also used by drafters that run a model: draft-model, layer-skip).
 
-    skinny_gemm: compute linear layers as W @ X^T in eager passes (cpu_gemm); None = measure on this machine
-    and use it where it is faster (CPU only)."""
+    skinny_gemm: compute linear layers as W @ X^T in our passes, compiled ones too (cpu_gemm); None = measure
+    on this machine and use it where it is faster (CPU only)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None,
                  skinny_gemm: bool | None = None):
@@ -83,7 +83,7 @@ class Target:
 
     def new_cache(self, rows: int = 1, capacity: int = 256, num_layers: int | None = None) -> RollbackCache:
         if self.fast.enabled:
-            return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=max(capacity, self.fast.capacity),
+            return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=max(capacity, self.fast.capacity_for(self.device)),
                                  static=True)
         return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=capacity)
 
@@ -138,7 +138,7 @@ class Target:
             masks = {name.split(":", 1)[1]: value for name, value in inputs.items() if name.startswith("mask:")}
         eager = fn is self.model
         attention = eager_attention(self.device) if eager else self._compiled_attention()
-        linears = self._skinny if eager and self._skinny is not None else contextlib.nullcontext()
+        linears = self._skinny if self._skinny is not None else contextlib.nullcontext()  # compiled too: traced in
         grouped = using_grouped_attention(self.config, cache.static and self.fast.grouped_attention)
         with self._truncated(num_layers), attention, linears, grouped:
             out = fn(
