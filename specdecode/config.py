@@ -41,7 +41,8 @@ class SpecConfig:
     confidence: a model drafter stops drafting early when its top probability falls below it (0 = off).
     pause_below / pause_window / pause_steps: when the last pause_window drafting steps accepted fewer than
     pause_below draft tokens per step on average, draft nothing for pause_steps steps (plain decoding), then
-    try again; each failed retry doubles the pause (speculation.SpeculationLength). A verify pass of a few tokens costs ~1.4-1.6x a one-token pass on a CPU (MEASUREMENTS.md), so a
+    try again; each failed retry doubles the pause (speculation.SpeculationLength). A verify pass of a few
+    tokens costs ~1.5x a one-token pass on these CPUs (29 ms at 1 token, ~5 ms per extra token, README), so a
     drafter that keeps missing makes decoding slower than plain; on a GPU the pause costs at most the few
     tokens it would have accepted. 0 turns it off.
     pause_on_time / pause_time_margin: also pause (same window, same back-off) when the window's drafting steps
