@@ -63,7 +63,8 @@ def pad_block(block: Block, q_to: int, kv_len: int, pad_id: int) -> Block:
     b, q = block.input_ids.shape
     extra = q_to - q
     device = block.input_ids.device
-    slots = block.slots.to(device)
+    slots = block.slots.to(device, copy=True)  # always a fresh tensor: made under the caller's inference mode
+    # like every other padded tensor (a compiled step guards on that; a mix recompiled in the first request)
     if extra:
         tail = slots[:, -1:] + torch.arange(1, extra + 1, device=device)  # [b, extra]
         slots = torch.cat([slots, tail], dim=1)

@@ -194,7 +194,10 @@ class Target:
         the next prefill overwrites."""
         if not cache.static:
             return
-        for q in sorted({bucket_for(n, self.fast.buckets) or n for n in range(1, max_q + 1)}):
+        sizes = sorted({bucket_for(n, self.fast.buckets) or n for n in range(1, max_q + 1)})
+        if not cache.layers[0].is_initialized:  # the first write allocates the cache and runs eager: not a warm-up
+            sizes = [sizes[0], *sizes]
+        for q in sizes:
             block = build_block([0], [[self.pad_id] * q], [list(range(-1, q - 1))], self.pad_id, self.device)
             self.forward(cache, [0], block, num_layers=num_layers, hidden=hidden)
 
