@@ -25,11 +25,19 @@ def eager_attention(device: torch.device) -> contextlib.AbstractContextManager:
     """SDPA backends for uncompiled passes. On CUDA, cuDNN attention (torch's first choice for masked bf16 on an
     H100) builds an execution plan for every new shape, ~0.5 ms of host time per call (profiled); decoding
     changes shape every step, so memory-efficient / flash / math kernels are used instead."""
-    if device.type != "cuda":
+    return sdpa_kernels(device, ("flash", "efficient", "math"))
+
+
+def sdpa_kernels(device: torch.device, names: tuple[str, ...]) -> contextlib.AbstractContextManager:
+    """Restrict SDPA to the named kernels ("flash", "efficient", "cudnn", "math"), in that order of preference,
+    on CUDA; elsewhere, or with no names, leave torch's choice alone."""
+    if device.type != "cuda" or not names:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    return sdpa_kernel([backends[name] for name in names], set_priority=True)
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
@@ -53,18 +61,17 @@ class Target:
         self._step_fn = model
         self._pool = None
         first = next(model.parameters())
-        self._captures = self.fast.captures(first.device)
+        self.device, self.dtype = first.device, first.dtype
+        self._captures = self.fast.captures(self.device)
         if self.fast.enabled and self.fast.compile:
             raise_recompile_limits()
-            options = {"mode": self.fast.mode_for(next(model.parameters()).device)} if self.fast.backend == "inductor" else {}
+            options = {"mode": self.fast.mode_for(self.device)} if self.fast.backend == "inductor" else {}
             self._step_fn = torch.compile(model, backend=self.fast.backend, dynamic=self.fast.dynamic, **options)
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = config
         self.num_layers: int = config.num_hidden_layers
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_positions: int = getattr(config, "max_position_embeddings", None) or 1 << 20
-        first = next(model.parameters())
-        self.device, self.dtype = first.device, first.dtype
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(config, "pad_token_id", None)
         self.pad_id: int = pad if isinstance(pad, int) else (min(self.eos_ids) if self.eos_ids else 0)
@@ -137,7 +144,7 @@ class Target:
         if masks is None:
             masks = {name.split(":", 1)[1]: value for name, value in inputs.items() if name.startswith("mask:")}
         eager = fn is self.model
-        attention = eager_attention(self.device) if eager else self._compiled_attention()
+        attention = eager_attention(self.device) if eager else sdpa_kernels(self.device, self.fast.attention_kernels)
         linears = self._skinny if self._skinny is not None else contextlib.nullcontext()  # compiled too: traced in
         grouped = using_grouped_attention(self.config, cache.static and self.fast.grouped_attention)
         with self._truncated(num_layers), attention, linears, grouped:
@@ -151,16 +158,6 @@ class Target:
                 output_hidden_states=hidden,
             )
         return (out.logits, out.hidden_states[-1]) if hidden else (out.logits,)
-
-    def _compiled_attention(self) -> contextlib.AbstractContextManager:
-        """The SDPA kernels compiled steps may use (chosen when they are traced; FastPathConfig)."""
-        if self.device.type != "cuda" or not self.fast.attention_kernels:
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        names = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
-        return sdpa_kernel([names[name] for name in self.fast.attention_kernels], set_priority=True)
 
     def _graph_pool(self):
         """One memory pool for all graphs of this target (they never run at the same time)."""
@@ -198,7 +195,7 @@ class Target:
         if not cache.layers[0].is_initialized:  # the first write allocates the cache and runs eager: not a warm-up
             sizes = [sizes[0], *sizes]
         for q in sizes:
-            block = build_block([0], [[self.pad_id] * q], [list(range(-1, q - 1))], self.pad_id, self.device)
+            block = build_block([0], [[self.pad_id] * q], [list(range(-1, q - 1))], self.pad_id, self.block_device)
             self.forward(cache, [0], block, num_layers=num_layers, hidden=hidden)
 
     @contextlib.contextmanager
