@@ -99,5 +99,5 @@ def helps(model: nn.Module) -> bool:
     if sum(w.numel() * w.element_size() for w in weights) < MIN_WEIGHT_BYTES:
         return False
     best = _sweep_ms(weights, (1, 8), (nn.functional.linear, skinny_linear))
-    stock, skinny = (sum(ms for (_, fn), ms in best.items() if fn == i) for i in (0, 1))
+    stock, skinny = best[1, 0] + best[8, 0], best[1, 1] + best[8, 1]
     return skinny < 0.9 * stock
