@@ -91,13 +91,15 @@ def _sweep_ms(weights: list[torch.Tensor], row_counts: tuple[int, ...], fns: tup
 def helps(model: nn.Module) -> bool:
     """Whether skinny_linear beats F.linear on this machine for this model's weights (CPU only): times one
     sweep over all linear weights at 1 and 8 rows each way, interleaved, fastest of 3 rounds after 2 of warm-up
-    (~1.2 s for a 135M model), and asks for >= 10%. (Timed one after the other with one warm-up sweep, a fresh
-    process's slow start or a load burst sometimes flipped the choice.)"""
+    (~1.2 s for a 135M model). Skinny must win at one row (every plain step and every paused step) by >= 10%
+    and must not lose at 8 rows (a verify pass) by more than 25%. The 8-row sweeps of both kernels are close
+    and noisy on this VM (measured 2026-11-23, 12 rounds in one process: 59-79 ms each, either ahead by up to
+    15%), while one row is 1.5-2x apart; the former test on the sum of both with a 10% margin let that noise
+    refuse the kernel in one fresh process of three we tried (a one-token pass then costs ~1.5x)."""
     weights = [m.weight for m in _linears(model)]
     if not weights or weights[0].device.type != "cpu":
         return False
     if sum(w.numel() * w.element_size() for w in weights) < MIN_WEIGHT_BYTES:
         return False
     best = _sweep_ms(weights, (1, 8), (nn.functional.linear, skinny_linear))
-    stock, skinny = best[1, 0] + best[8, 0], best[1, 1] + best[8, 1]
-    return skinny < 0.9 * stock
+    return best[1, 1] < 0.9 * best[1, 0] and best[8, 1] < 1.25 * best[8, 0]

@@ -36,6 +36,21 @@ def test_tiny_models_keep_the_stock_kernel(tiny_model):
     assert not helps(tiny_model)  # weights in cache: nothing to gain, nothing measured
 
 
+@pytest.mark.parametrize("sweeps, expected", [
+    # ms per sweep {(rows, 0 = F.linear | 1 = skinny)}: measured in a fresh process on the dev VM, where the
+    # sum rule (skinny < 0.9 x stock over 1 + 8 rows) refused the kernel that halves a one-token pass
+    ({(1, 0): 47.0, (1, 1): 29.3, (8, 0): 60.9, (8, 1): 70.0}, True),
+    ({(1, 0): 46.0, (1, 1): 20.2, (8, 0): 58.9, (8, 1): 45.8}, True),
+    ({(1, 0): 20.0, (1, 1): 19.0, (8, 0): 40.0, (8, 1): 30.0}, False),  # no gain at one row
+    ({(1, 0): 47.0, (1, 1): 20.0, (8, 0): 40.0, (8, 1): 60.0}, False),  # a verify pass 1.5x slower
+])
+def test_kernel_choice_rule(monkeypatch, sweeps, expected):
+    """helps() decides on the one-row sweep (big, stable gap) and only refuses clear losses at 8 rows."""
+    monkeypatch.setattr("specdecode.cpu_gemm._sweep_ms", lambda *args, **kwargs: sweeps)
+    big = torch.nn.Sequential(torch.nn.Linear(3072, 3072, bias=False))  # 36 MiB: beyond MIN_WEIGHT_BYTES
+    assert helps(big) is expected
+
+
 @pytest.mark.parametrize("name", ["none", "prompt-lookup", "eagle", "layer-skip"])
 def test_greedy_equals_plain_with_kernel_forced_on(name, tiny_model, tiny_tokenizer, tiny_draft_dir):
     """The same greedy equivalence as test_greedy_tiny, through the W @ X^T kernel (which the auto choice
