@@ -9,7 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import build_drafter, registry
 from specdecode.drafters.base import AuxBranch, BaseDrafter, Draft, DrafterConfig
-from specdecode.drafters.lookahead import Lookahead, LookaheadConfig, NgramPool, candidate_tree, window_parents
+from specdecode.drafters.lookahead import (Lookahead, LookaheadConfig, NgramPool, Yield, candidate_tree,
+                                          window_parents)
 from specdecode.drafters.none import SPEC as NONE_SPEC
 from specdecode.engine import Engine
 from specdecode.target import Target
@@ -118,8 +119,9 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("config", [LookaheadConfig(), LookaheadConfig(window=2, ngram=2, candidates=1),
-                                    LookaheadConfig(window=5, ngram=5, candidates=7)])
+@pytest.mark.parametrize("config", [LookaheadConfig(), LookaheadConfig(row_cost=0.0),
+                                    LookaheadConfig(window=2, ngram=2, candidates=1, row_cost=0.0),
+                                    LookaheadConfig(window=5, ngram=5, candidates=7, row_cost=0.0)])
 def test_greedy_equals_plain(config):
     target = tiny_target()
     generation = GenerationConfig(max_new_tokens=40, stop_on_eos=False)
@@ -168,7 +170,7 @@ def test_pass_without_candidates_is_plain_unless_every_step():
 
 def test_prompt_seeds_the_pool_and_the_window_rides_along():
     seq = _ctx([1, 2, 3, 1, 2, 4, 1], k=2)
-    drafter = Lookahead(LookaheadConfig(window=2, ngram=3, candidates=4))
+    drafter = Lookahead(LookaheadConfig(window=2, ngram=3, candidates=4, row_cost=0.0))  # rows are free
     drafter.start(seq)
     (draft,) = drafter.propose([seq])
     assert (draft.tokens, draft.parents) == ((2, 4, 3), (-1, 0, 0))  # newest continuation first, depth k
@@ -190,3 +192,69 @@ def test_window_ngram_candidates_from_the_drafter_config():
     assert built.config == LookaheadConfig(window=2, ngram=4, candidates=3)
     assert build_drafter(target, DrafterConfig("lookahead")).config == LookaheadConfig()
     assert built.max_nodes(5) == 3 * 3 + 2 * 3
+
+
+@pytest.mark.parametrize("prior, accepted, rows, cost, every, verdicts", [
+    (1.0, [], 4, 0.15, 8, [True] * 10),  # 1.0 accepted per try pays for 4 rows at 0.15
+    (0.0, [], 4, 0.0, 8, [True] * 10),  # free rows: always worth it
+    # probed on the 3rd chance, then after 6, 12, 24, 24 (the cap: 8 x 3)
+    (0.0, [], 1, 0.15, 3, [False] * 2 + [True] + [False] * 5 + [True] + [False] * 11 + [True]
+     + [False] * 23 + [True] + [False] * 23 + [True]),
+    (2.0, [0, 0, 0, 0], 4, 0.15, 100, [True]),  # (2 x 2 + 0) / (2 + 4) = 0.67 >= 0.6
+    (2.0, [0, 0, 0, 0, 0], 4, 0.15, 100, [False]),  # 4 / 7 = 0.57 < 0.6
+])
+def test_yield_decides_by_mean_and_probes(prior, accepted, rows, cost, every, verdicts):
+    y = Yield(prior)
+    for a in accepted:
+        y.add(a)
+    assert [y.worth(rows, cost, every) for _ in verdicts] == verdicts
+
+
+def _drafted(drafter: Lookahead, seq, steps: int, accepted: int = 0) -> list[Draft]:
+    drafts = []
+    for _ in range(steps):
+        (draft,) = drafter.propose([seq])
+        drafts.append(draft)
+        drafter.observe(seq, accepted if draft.tokens else 0)
+    return drafts
+
+
+def test_candidates_must_earn_their_rows():
+    """Last-token matches (prior 0.5 accepted per proposal) do not pay for 3 rows at 0.22 each: verified only as
+    probes (4th chance, then 8 later); a context-matched one (prior 1.5) is verified until its misses pull its mean under 0.66."""
+    config = LookaheadConfig(window=0, ngram=4, candidates=1, row_cost=0.22, probe_every=4)
+    unmatched = _ctx([5, 6, 7, 8, 9, 1, 5], k=3)  # 5 was seen after nothing: context differs from 1
+    drafter = Lookahead(config)
+    drafter.start(unmatched)
+    assert [bool(d.tokens) for d in _drafted(drafter, unmatched, 12)] == [False] * 3 + [True] + [False] * 7 + [True]
+    matched = _ctx([1, 5, 6, 7, 8, 1, 5], k=3)  # 5 seen after 1 before: a two-token match
+    drafter.start(matched)
+    # prior 1.5 x 2 tries, then misses: 3/2 = 1.5, 3/3 = 1.0, 3/4 = 0.75, 3/5 = 0.6 < 0.66
+    assert [bool(d.tokens) for d in _drafted(drafter, matched, 6)] == [True] * 3 + [False] * 3
+    free = Lookahead(LookaheadConfig(window=0, ngram=4, candidates=1, row_cost=0.0))
+    free.start(unmatched)
+    assert all(d.tokens for d in _drafted(free, unmatched, 8))
+
+
+def test_window_runs_while_its_ngrams_pay():
+    """The Jacobi window (3 rows here) starts with no credit: on the CPU it rides along as a probe (3rd drafting
+    pass, then 6 later); an accepted n-gram that the window harvested earns it its rows back."""
+    config = LookaheadConfig(window=1, ngram=4, candidates=1, row_cost=0.1, probe_every=3)
+    seq = _ctx([1, 5, 6, 7, 8, 1, 5], k=3)
+    drafter = Lookahead(config)
+    drafter.start(seq)
+    drafts = _drafted(drafter, seq, 6, accepted=1)
+    assert [d.aux is not None for d in drafts] == [False, False, True, False, False, False]
+    state = seq.state
+    state.pool.add(5, (6, 7, 9), context=1, from_window=True)  # the window's n-gram now ranks first
+    drafts = _drafted(drafter, seq, 6, accepted=3)  # ... and is accepted once the window runs again
+    assert [d.aux is not None for d in drafts] == [False, False, True, True, True, True]  # probe, then it pays
+    assert state.window.mean >= 0.3
+
+
+def test_row_cost_by_device():
+    assert Lookahead(device_type="cpu").row_cost == 0.15
+    assert Lookahead(device_type="cuda").row_cost == 0.0
+    assert Lookahead(LookaheadConfig(row_cost=0.5), device_type="cuda").row_cost == 0.5
+    with pytest.raises(ConfigError):
+        LookaheadConfig(row_cost=-1.0)
