@@ -7,6 +7,10 @@ computed as (W @ X^T)^T with X^T of at least two columns runs about twice as fas
 linear layers of SmolLM2-135M (fp32, 2 threads, weights not in cache), ms per sweep, `F.linear` vs this:
 1 row 44.2 vs 19.4 (one row is padded to two); 2 rows 75.4 vs 18.3; 8: 57.9 vs 41.9; 16: 69.8 vs 56.4;
 64: 176 vs 131; 128: 302 vs 223. A whole one-token forward: 54 -> 29 ms; 8 tokens: 77 -> 65 ms.
+The operand must be row-major: our output is (W @ X^T)^T, a column-major view, and elementwise ops (SiLU x
+up, residual adds) hand that layout to the next layer, where X^T would then be row-major, which MKL multiplies
+~4x slower at 2-8 rows (all linears at 2 rows: 19.5 vs 82 ms). Copying X (a few rows) fixed it: a pass of 2
+tokens went from ~1.5x to ~1.1x a one-token pass, 4 tokens from ~1.6x to ~1.35x (2026-11-23).
 
 Because this is a property of the machine's BLAS, not of the model, `helps()` measures both on the model's
 own weights at load and the Target uses the faster one. The products are the same up to float rounding
@@ -32,7 +36,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     rows = x.numel() // x.shape[-1]
     if rows > MAX_ROWS or rows == 0:
         return nn.functional.linear(x, weight, bias)
-    flat = x.reshape(rows, x.shape[-1])  # [r, in]
+    # [r, in], row-major: the (W @ X^T)^T output below is column-major, elementwise ops keep that layout, and a
+    # column-major X here would make X^T row-major, which MKL multiplies ~4x slower (measured, 2-8 rows)
+    flat = x.reshape(rows, x.shape[-1]).contiguous()
     if rows == 1:  # a one-column product takes the slow GEMV path: pad with a zero row
         flat = torch.cat([flat, torch.zeros_like(flat)])
     out = (weight @ flat.t()).t()[:rows]  # [r, out]
