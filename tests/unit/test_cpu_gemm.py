@@ -3,13 +3,19 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.cpu_gemm import MAX_ROWS, SkinnyLinears, helps, skinny_linear
+from specdecode.cpu_gemm import MAX_ROWS, SkinnyLinears, helps, padded_rows, skinny_linear
 from specdecode.engine import Engine
 from specdecode.target import Target
 from tests.tiny import tiny_drafter
 
 
-@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (1, 5, 64), (3, 7, 64), (MAX_ROWS + 1, 64)])
+@pytest.mark.parametrize("rows, padded", [(1, 2), (2, 2), (3, 4), (4, 4), (5, 5), (6, 6), (7, 8), (8, 8), (9, 16),
+                                          (15, 16), (16, 16), (17, 24), (25, 32), (250, 256)])
+def test_padded_rows(rows, padded):
+    assert padded_rows(rows) == padded
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (3, 64), (1, 5, 64), (3, 7, 64), (2, 6, 64), (MAX_ROWS + 1, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("column_major", [False, True])
 def test_same_product_as_linear(shape, with_bias, column_major):
