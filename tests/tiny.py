@@ -44,12 +44,14 @@ def save_tiny(directory, model, tokenizer) -> str:
     return str(directory)
 
 
-def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_layer: int = 2):
+def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_layer: int = 2,
+                 row_cost: float | None = None):
     """Any registered drafter for a tiny target: head drafters get random heads, draft-model gets draft_dir."""
     from specdecode.drafters import DrafterConfig, build_drafter, registry
 
     entry = registry()[name]
     if entry.untrained is not None:
         return entry.untrained(target, spec)
-    config = DrafterConfig(name=name, draft_model=draft_dir if entry.needs_draft_model else None, exit_layer=exit_layer)
+    config = DrafterConfig(name=name, draft_model=draft_dir if entry.needs_draft_model else None, exit_layer=exit_layer,
+                           row_cost=row_cost)
     return build_drafter(target, config, spec)

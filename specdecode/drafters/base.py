@@ -124,6 +124,8 @@ class DrafterConfig:
     max_ngram: int = 3  # prompt-lookup: longest n-gram matched
     min_ngram: int = 1
     lookahead: tuple[int, int, int] | None = None  # lookahead: (window W, n-gram size N, candidates G)
+    # prompt-lookup, lookahead: cost of one more verify row in one-token passes; None = by device (row_budget)
+    row_cost: float | None = None
 
 
 @dataclass(frozen=True)

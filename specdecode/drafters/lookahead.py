@@ -23,6 +23,7 @@ import torch
 
 from ..config import ConfigError, SpecConfig
 from .base import AuxBranch, BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .row_budget import DepthPolicy, Yield, row_cost_for
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,17 @@ class LookaheadConfig:
     (no pool n-gram starts with the pending token) is a plain one-token pass without the window, unless
     every_step (the paper's schedule, for GPUs where width is free: pass wider W, N, G there).
 
-    row_cost: what one more row of a pass costs, relative to a one-token pass; None = by device (CPU 0.15:
-    a pass of 4 tokens measured 1.33-1.52x one token, 7 tokens 1.9-2.3x; CUDA 0: a pass of up to 64 tokens
-    costs about as much as one). Rows must earn their cost: each kind of candidate (context-matched, i.e.
-    the pool's n-gram was seen after the same two tokens, or matched on the last token only) is verified
-    only while its mean accepted tokens per proposal in this sequence reach row_cost x its depth, and the
-    Jacobi window runs only while the tokens accepted from n-grams it harvested, per window pass, reach
-    row_cost x its W(N-1) rows. A kind below the bar is still tried on the probe_every-th chance, then after
-    twice as many, and so on up to 8x (so a change is noticed and the window keeps harvesting a little). Measured on code and summarisation answers (12, 128
-    tokens, everything on): context-matched candidates 1.0-1.8 accepted tokens per proposal, last-token
-    matches 0.3-0.6, and n-grams from the window supplied 13 of 380 accepted tokens for 3 rows on each of
-    446 passes."""
+    row_cost: what one more row of a pass costs, in one-token passes; None = by device (row_budget: CPU 0.13,
+    CUDA 0). Rows must earn their cost: for each kind of candidate (context-matched, i.e. the pool's n-gram
+    was seen after the same two tokens, or matched on the last token only) the depth verified is the one that
+    maximises expected tokens per pass cost by the acceptance measured so far in this sequence
+    (row_budget.DepthPolicy), and the Jacobi window runs only while the tokens accepted from n-grams it
+    harvested, per window pass, reach row_cost x its W(N-1) rows. What does not pay is still tried on the
+    probe_every-th chance, then after twice as many, up to 8x (so a change is noticed and the window keeps
+    harvesting a little). Measured on code and summarisation answers (12, 128 tokens, everything on):
+    context-matched candidates' tokens were accepted (each given the one before) 68%, 78%, 84% of the time,
+    last-token matches 22%, 64%, 72%, and n-grams from the window supplied 13 of 380 accepted tokens for 3
+    rows on each of 446 passes."""
 
     window: int = 1
     ngram: int = 4
@@ -71,7 +72,8 @@ class LookaheadConfig:
                               f"{self.probe_every}")
 
 
-ROW_COST = {"cpu": 0.15}  # by device type, see LookaheadConfig.row_cost; other devices: 0
+# acceptance rates by depth (token j given token j-1) measured for each kind on 48 bench answers (row_budget)
+PRIOR_RATES = {True: (0.68, 0.78, 0.84), False: (0.22, 0.64, 0.72)}  # context-matched / last-token match
 
 
 class Candidate(NamedTuple):
@@ -112,41 +114,6 @@ class NgramPool:
         return [c.tokens for c in self.lookup(key, limit, context)]
 
 
-class Yield:
-    """Mean accepted tokens per try, starting from a prior worth PRIOR_TRIES tries (a fresh sequence trusts
-    the measured averages until its own tries outweigh them). While the mean does not pay, a try is still
-    made every `interval` chances (a probe), and the interval doubles after each probe that left the mean
-    short, up to MAX_BACKOFF x probe_every: a kind that never pays costs less and less."""
-
-    PRIOR_TRIES = 2
-    MAX_BACKOFF = 8
-
-    def __init__(self, prior: float):
-        self.total, self.tries = prior * self.PRIOR_TRIES, float(self.PRIOR_TRIES)
-        self.skipped, self.interval = 0, 0  # interval 0: not probing yet (set on the first skipped chance)
-
-    @property
-    def mean(self) -> float:
-        return self.total / self.tries
-
-    def add(self, accepted: float) -> None:
-        self.total += accepted
-        self.tries += 1
-
-    def worth(self, rows: int, row_cost: float, probe_every: int) -> bool:
-        """Whether to spend `rows` now: the mean pays for them, or a probe is due."""
-        if self.mean >= row_cost * rows:
-            self.skipped, self.interval = 0, 0
-            return True
-        if not self.interval:
-            self.interval = probe_every
-        self.skipped += 1
-        if self.skipped < self.interval:
-            return False
-        self.skipped, self.interval = 0, min(2 * self.interval, self.MAX_BACKOFF * probe_every)
-        return True
-
-
 def candidate_tree(candidates: list[tuple[int, ...]], depth: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Merge chains (each truncated to `depth`) into a trie under the root -> (tokens, parents).
 
@@ -185,12 +152,10 @@ class _State:
     indexed: int = 0  # committed tokens already added to the pool as n-grams
     aux_parents: tuple[int, ...] = field(default_factory=tuple)
     root: int | None = None  # the pending token the window last hung from
-    # accepted tokens per proposal of a context-matched / last-token candidate; per window pass, of n-grams
-    # the window harvested (priors: the means measured on code and summarisation, see LookaheadConfig)
-    matched: Yield = field(default_factory=lambda: Yield(1.5))
-    unmatched: Yield = field(default_factory=lambda: Yield(0.5))
-    window: Yield = field(default_factory=lambda: Yield(0.0))
+    depths: DepthPolicy | None = None  # depth per kind of candidate (context-matched or not)
+    window: Yield = field(default_factory=lambda: Yield(0.0))  # accepted tokens from its n-grams per pass
     proposed: Candidate | None = None  # the first candidate of the draft in flight
+    proposed_depth: int = 0  # ... and how many of its tokens were drafted
     window_ran: bool = False  # the draft in flight carries the window
 
 
@@ -199,8 +164,7 @@ class Lookahead(BaseDrafter):
 
     def __init__(self, config: LookaheadConfig | None = None, device_type: str = "cpu"):
         self.config = config or LookaheadConfig()
-        cost = self.config.row_cost
-        self.row_cost = ROW_COST.get(device_type, 0.0) if cost is None else cost
+        self.row_cost = row_cost_for(device_type, self.config.row_cost)
 
     def start(self, seq: SequenceContext) -> None:
         c = self.config
@@ -209,7 +173,8 @@ class Lookahead(BaseDrafter):
         rng = random.Random(c.seed)
         guesses = seq.tokens or [0]
         levels = [[rng.choice(guesses) for _ in range(c.window)] for _ in range(c.ngram - 1)]
-        seq.state = _State(pool, levels, indexed=len(seq.tokens), aux_parents=window_parents(c.window, c.ngram - 1))
+        seq.state = _State(pool, levels, indexed=len(seq.tokens), aux_parents=window_parents(c.window, c.ngram - 1),
+                           depths=DepthPolicy(PRIOR_RATES, self.row_cost, c.probe_every))
 
     def max_nodes(self, k: int) -> int:
         """Largest block after the root at speculation length k: candidates plus the Jacobi window."""
@@ -221,33 +186,26 @@ class Lookahead(BaseDrafter):
 
     def _draft_one(self, seq: SequenceContext) -> Draft:
         state: _State = seq.state
-        state.proposed, state.window_ran = None, False
+        state.proposed, state.proposed_depth, state.window_ran = None, 0, False
         if seq.k <= 0:
             return Draft()
         c = self.config
         context = seq.tokens[-2] if len(seq.tokens) > 1 else None
-        candidates = self._worth_verifying(state, state.pool.lookup(seq.tokens[-1], c.candidates, context), seq.k)
-        if not candidates and not c.every_step:
+        candidates = state.pool.lookup(seq.tokens[-1], c.candidates, context)
+        depth = {kind: state.depths.depth(kind, min(seq.k, c.ngram - 1)) for kind in {x.matched for x in candidates}}
+        chains = [(x, x.tokens[: depth[x.matched]]) for x in candidates if depth[x.matched]]
+        if not chains and not c.every_step:
             return Draft()
         state.root = seq.tokens[-1]
-        state.proposed = candidates[0] if candidates else None
-        tokens, parents = candidate_tree([cand.tokens for cand in candidates], seq.k)
+        if chains:
+            state.proposed, state.proposed_depth = chains[0][0], len(chains[0][1])
+        tokens, parents = candidate_tree([chain for _, chain in chains], seq.k)
         rows = c.window * (c.ngram - 1)
         state.window_ran = rows > 0 and (c.every_step or state.window.worth(rows, self.row_cost, c.probe_every))
         if not state.window_ran:
             return Draft(tokens, parents) if tokens else Draft()
         aux = AuxBranch(tuple(t for level in state.levels for t in level), state.aux_parents)
         return Draft(tokens, parents, None, aux)
-
-    def _worth_verifying(self, state: _State, candidates: list[Candidate], k: int) -> list[Candidate]:
-        """Matched candidates while matched ones pay, last-token matches while those pay (each probed now and
-        then otherwise). One decision per kind and pass, on the depth the pass would verify."""
-        kept = []
-        for kind, matched in ((state.matched, True), (state.unmatched, False)):
-            group = [cand for cand in candidates if cand.matched == matched]
-            if group and kind.worth(min(k, len(group[0].tokens)), self.row_cost, self.config.probe_every):
-                kept.extend(group)
-        return kept
 
     def observe_aux(self, seq: SequenceContext, logits: torch.Tensor) -> None:
         # logits: [(N-1) * W, vocab]; the last level's argmax is the new level
@@ -263,8 +221,8 @@ class Lookahead(BaseDrafter):
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         state: _State = seq.state
-        if state.proposed is not None:
-            (state.matched if state.proposed.matched else state.unmatched).add(accepted)
+        if state.proposed is not None:  # (a tree's other candidates are not scored: G is 1 by default)
+            state.depths.add(state.proposed.matched, state.proposed_depth, min(accepted, state.proposed_depth))
         if state.window_ran:
             state.window.add(accepted if state.proposed is not None and state.proposed.from_window else 0)
         n = self.config.ngram
@@ -273,10 +231,8 @@ class Lookahead(BaseDrafter):
 
 
 def _build(target, config: DrafterConfig, spec: SpecConfig) -> Lookahead:
-    if config.lookahead is None:
-        return Lookahead(LookaheadConfig(), target.device.type)
-    window, ngram, candidates = config.lookahead
-    return Lookahead(LookaheadConfig(window=window, ngram=ngram, candidates=candidates), target.device.type)
+    shape = {} if config.lookahead is None else dict(zip(("window", "ngram", "candidates"), config.lookahead))
+    return Lookahead(LookaheadConfig(**shape, row_cost=config.row_cost), target.device.type)
 
 
 SPEC = DrafterSpec("lookahead", _build, "Jacobi lookahead window + n-gram pool verified in one pass (model-free)")

@@ -33,7 +33,20 @@ def references(tiny_model, tiny_tokenizer):
                                   SpecConfig(k=6, confidence=0.3)], ids=["k4", "k1", "adaptive", "confidence"])
 @pytest.mark.parametrize("name", list(registry()))
 def test_greedy_equals_plain(name, spec, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
-    engine = Engine(tiny_target, tiny_drafter(tiny_target, name, spec, tiny_draft_dir), spec)
+    _check_greedy(Engine(tiny_target, tiny_drafter(tiny_target, name, spec, tiny_draft_dir), spec), name,
+                  tiny_tokenizer, references)
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "lookahead"])
+def test_greedy_equals_plain_with_free_rows(name, tiny_target, tiny_tokenizer, references):
+    """Table drafters on a CPU draft only what pays for its rows (row_budget); with free rows (a GPU's cost
+    model) they propose everything they find: the verification of full drafts is checked here."""
+    spec = SpecConfig(k=4)
+    _check_greedy(Engine(tiny_target, tiny_drafter(tiny_target, name, spec, row_cost=0.0), spec), name,
+                  tiny_tokenizer, references)
+
+
+def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references) -> None:
     proposed = 0
     for key, text in PROMPTS.items():
         ids = tiny_tokenizer(text)["input_ids"]
@@ -48,7 +61,8 @@ def test_greedy_equals_plain(name, spec, tiny_target, tiny_tokenizer, tiny_draft
 def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
     """Guard against a vacuous equivalence test: both acceptance and rejection must occur."""
     spec = SpecConfig(k=4, pause_on_time=False)  # acceptance is asserted: K must not depend on the machine's timing
-    engine = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig("prompt-lookup"), spec), spec)
+    config = DrafterConfig("prompt-lookup", row_cost=0.0)  # every match drafted in full
+    engine = Engine(tiny_target, build_drafter(tiny_target, config, spec), spec)
     metrics = engine.generate(tiny_tokenizer(PROMPTS["repetitive"])["input_ids"], SamplingConfig(),
                               GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False)).metrics
     assert 0 < metrics.accepted < metrics.proposed

@@ -27,3 +27,39 @@ def test_incremental_extension_matches_batch():
     for end in range(1, len(tokens) + 1):
         grown.extend(tokens[:end])
     assert once.latest == grown.latest
+
+
+def _propose(drafter, tokens: list[int], k: int = 5):
+    from specdecode.config import SamplingConfig
+    from specdecode.drafters.base import SequenceContext
+    import torch
+
+    seq = SequenceContext(0, list(tokens), 0, k, SamplingConfig(), torch.Generator())
+    drafter.start(seq)
+    return seq, drafter.propose([seq])[0]
+
+
+def test_depth_follows_the_match_length_on_a_cpu():
+    """At the CPU's row cost a one-token match earns one drafted token (its first is accepted 1 time in 5,
+    measured), a three-token match the whole k; with free rows (GPU) every match is drafted in full."""
+    from specdecode.drafters.prompt_lookup import PromptLookup
+
+    one = [9, 1, 2, 3, 4, 5, 6, 7, 8, 1]  # only (1,) recurs
+    three = [7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1]  # (7, 8, 1) recurs
+    cpu, gpu = PromptLookup(device_type="cpu"), PromptLookup(device_type="cuda")
+    assert len(_propose(cpu, one)[1].tokens) == 1
+    assert len(_propose(cpu, three)[1].tokens) == 5
+    assert len(_propose(gpu, one)[1].tokens) == 5
+
+
+def test_depth_learns_from_results():
+    """Three-token matches whose first token keeps being rejected stop being drafted (then only probed)."""
+    from specdecode.drafters.prompt_lookup import PromptLookup
+
+    drafter = PromptLookup(device_type="cpu")
+    seq, draft = _propose(drafter, [7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1])
+    depths = [len(draft.tokens)]
+    for _ in range(14):  # the prior (0.86 first-token acceptance) is worth 2 proposals: ~12 misses to give up
+        drafter.observe(seq, 0)
+        depths.append(len(drafter.propose([seq])[0].tokens))
+    assert depths[0] == 5 and depths[-1] == 0 and depths == sorted(depths, reverse=True)

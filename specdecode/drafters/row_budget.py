@@ -1,0 +1,126 @@
+"""How deep a deterministic drafter should draft when every row of the verify pass costs time.
+
+On a GPU a verify pass of up to 64 tokens costs about as much as one, so a drafter proposes all it has. On a
+CPU each row costs: a pass of w tokens measured ~1 + 0.13 (w - 1) one-token passes (SmolLM2, fp32, 2 threads,
+cpu_gemm's kernel, 2026-11-23: w = 2, 4, 8, 16 -> 1.07, 1.32, 2.00, 2.56). Drafting a token pays only if its
+chance of being accepted beats what its row costs, and that chance differs by kind of proposal: after a
+three-token n-gram match prompt lookup's first token is accepted 86% of the time, after a one-token match 20%
+(measured on 48 bench answers). So drafters that propose from tables (prompt lookup, lookahead's pool) keep,
+per sequence and per kind of proposal, how often the j-th token was accepted once the (j-1)-th was, and
+draft the depth that maximises tokens per unit of pass cost:
+    (1 + P_1 + ... + P_d) / (1 + row_cost * d),  P_j = r_1 * ... * r_j.
+Depth 0 (a plain one-token pass) wins when even the first token is unlikely; such a kind is still probed with
+one token now and then, at doubling intervals, so a change is noticed.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+ROW_COST = {"cpu": 0.13}  # by device type; any other device: 0 (rows are free there)
+PRIOR_TRIES = 2  # weight of the prior rates, in proposals: a fresh sequence's own results soon outweigh them
+MAX_BACKOFF = 8  # probe intervals double up to this many times probe_every
+
+
+def row_cost_for(device_type: str, configured: float | None = None) -> float:
+    """The cost of one more row of a verify pass, in one-token passes: `configured`, else the device's."""
+    return ROW_COST.get(device_type, 0.0) if configured is None else configured
+
+
+class Probe:
+    """Skipped chances of something that does not pay now, and when to try it anyway: on the probe_every-th,
+    then after twice as many, ... up to MAX_BACKOFF x probe_every; reset once it pays."""
+
+    def __init__(self) -> None:
+        self.skipped, self.interval = 0, 0
+
+    def paid(self) -> None:
+        self.skipped, self.interval = 0, 0
+
+    def due(self, probe_every: int) -> bool:
+        self.interval = self.interval or probe_every
+        self.skipped += 1
+        if self.skipped < self.interval:
+            return False
+        self.skipped, self.interval = 0, min(2 * self.interval, MAX_BACKOFF * probe_every)
+        return True
+
+
+class Yield:
+    """Mean accepted tokens per try of something that costs `rows` rows (lookahead's Jacobi window: tokens
+    accepted from n-grams it harvested, per pass it rode along), from a prior worth PRIOR_TRIES tries."""
+
+    def __init__(self, prior: float):
+        self.total, self.tries = prior * PRIOR_TRIES, float(PRIOR_TRIES)
+        self.probe = Probe()
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.tries
+
+    def add(self, accepted: float) -> None:
+        self.total += accepted
+        self.tries += 1
+
+    def worth(self, rows: int, row_cost: float, probe_every: int) -> bool:
+        """Whether to spend `rows` now: the mean pays for them, or a probe is due."""
+        if self.mean >= row_cost * rows:
+            self.probe.paid()
+            return True
+        return self.probe.due(probe_every)
+
+
+class DepthYield:
+    """Acceptance by depth for one kind of proposal: rate j = P(token j accepted | token j-1 accepted), from
+    prior rates (the last one repeats for deeper tokens) worth PRIOR_TRIES proposals, updated by results."""
+
+    def __init__(self, prior_rates: Sequence[float]):
+        self.prior = tuple(prior_rates)
+        self.reached: list[float] = []  # [j-1]: proposals that drafted token j and accepted all before it
+        self.passed: list[float] = []  # [j-1]: ... of which token j was accepted too
+
+    def rate(self, j: int) -> float:
+        prior = self.prior[min(j, len(self.prior)) - 1]
+        seen, ok = (self.reached[j - 1], self.passed[j - 1]) if j <= len(self.reached) else (0.0, 0.0)
+        return (prior * PRIOR_TRIES + ok) / (PRIOR_TRIES + seen)
+
+    def add(self, drafted: int, accepted: int) -> None:
+        """A proposal of `drafted` tokens of which the first `accepted` passed."""
+        while len(self.reached) < drafted:
+            self.reached.append(0.0)
+            self.passed.append(0.0)
+        for j in range(1, min(accepted + 1, drafted) + 1):
+            self.reached[j - 1] += 1
+            self.passed[j - 1] += accepted >= j
+
+    def best_depth(self, available: int, row_cost: float) -> int:
+        """The depth in 0..available that maximises expected tokens per unit of pass cost (ties: deeper)."""
+        best, best_value, tokens, reach = 0, 1.0, 1.0, 1.0
+        for depth in range(1, available + 1):
+            reach *= self.rate(depth)
+            tokens += reach
+            value = tokens / (1 + row_cost * depth)
+            if value >= best_value:
+                best, best_value = depth, value
+        return best
+
+
+class DepthPolicy:
+    """DepthYield per kind of proposal plus probing: the depth to draft for a proposal of a kind."""
+
+    def __init__(self, priors: dict, row_cost: float, probe_every: int = 8):
+        self.kinds = {kind: DepthYield(rates) for kind, rates in priors.items()}
+        self.probes = {kind: Probe() for kind in priors}
+        self.row_cost, self.probe_every = row_cost, probe_every
+
+    def depth(self, kind, available: int) -> int:
+        """Depth to draft of `available` tokens of this kind: the best by the rates, or 1 when a probe is due."""
+        if available <= 0:
+            return 0
+        depth = self.kinds[kind].best_depth(available, self.row_cost)
+        if depth:
+            self.probes[kind].paid()
+            return depth
+        return 1 if self.probes[kind].due(self.probe_every) else 0
+
+    def add(self, kind, drafted: int, accepted: int) -> None:
+        self.kinds[kind].add(drafted, accepted)

@@ -1,0 +1,71 @@
+"""The depth policy of table drafters (row_budget): draft what pays for its rows, probe what does not."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, Yield, row_cost_for
+
+
+@pytest.mark.parametrize("prior, accepted, rows, cost, every, verdicts", [
+    (1.0, [], 4, 0.15, 8, [True] * 10),  # 1.0 accepted per try pays for 4 rows at 0.15
+    (0.0, [], 4, 0.0, 8, [True] * 10),  # free rows: always worth it
+    # probed on the 3rd chance, then after 6, 12, 24, 24 (the cap: 8 x 3)
+    (0.0, [], 1, 0.15, 3, [False] * 2 + [True] + [False] * 5 + [True] + [False] * 11 + [True]
+     + [False] * 23 + [True] + [False] * 23 + [True]),
+    (2.0, [0, 0, 0, 0], 4, 0.15, 100, [True]),  # (2 x 2 + 0) / (2 + 4) = 0.67 >= 0.6
+    (2.0, [0, 0, 0, 0, 0], 4, 0.15, 100, [False]),  # 4 / 7 = 0.57 < 0.6
+])
+def test_yield_decides_by_mean_and_probes(prior, accepted, rows, cost, every, verdicts):
+    y = Yield(prior)
+    for a in accepted:
+        y.add(a)
+    assert [y.worth(rows, cost, every) for _ in verdicts] == verdicts
+
+
+def test_probe_resets_once_it_pays():
+    probe = Probe()
+    assert [probe.due(2) for _ in range(6)] == [False, True, False, False, False, True]  # 2, then 4
+    probe.paid()
+    assert [probe.due(2) for _ in range(2)] == [False, True]
+
+
+@pytest.mark.parametrize("rates, available, cost, depth", [
+    ((0.9,), 5, 0.13, 5),  # 0.9, 0.81, ... each beats a row at 0.13
+    ((0.1,), 5, 0.13, 0),  # the first token is not worth its row
+    ((0.1,), 5, 0.0, 5),  # free rows: everything
+    ((0.2, 0.6, 0.68), 8, 0.13, 1),  # prompt lookup after a one-token match (measured rates)
+    ((0.86, 0.81, 0.84), 5, 0.13, 5),  # ... after a three-token match
+    ((0.9, 0.1), 4, 0.13, 1),  # the second token rarely follows: stop after one
+    ((0.5,), 0, 0.13, 0),  # nothing available
+])
+def test_best_depth_maximises_tokens_per_cost(rates, available, cost, depth):
+    assert DepthYield(rates).best_depth(available, cost) == depth
+
+
+def test_results_outweigh_the_prior():
+    kind = DepthYield((0.9,))
+    assert kind.rate(1) == pytest.approx(0.9)
+    for _ in range(8):
+        kind.add(drafted=3, accepted=0)  # the first token always rejected
+    assert kind.rate(1) == pytest.approx(1.8 / 10)
+    assert kind.rate(2) == pytest.approx(0.9)  # never reached: still the prior
+    # 0.18 alone barely beats a row at 0.13, but once the first passes the next ones likely do: all three
+    assert kind.best_depth(3, 0.13) == 3
+    for _ in range(8):
+        kind.add(drafted=1, accepted=0)
+    assert kind.best_depth(3, 0.13) == 0
+    kind.add(drafted=2, accepted=2)  # reached and passed both
+    assert kind.reached == [17, 1, 0] and kind.passed == [1, 1, 0]
+
+
+def test_policy_probes_a_kind_that_does_not_pay():
+    policy = DepthPolicy({"good": (0.9,), "bad": (0.05,)}, row_cost=0.13, probe_every=3)
+    assert [policy.depth("good", 4) for _ in range(3)] == [4, 4, 4]
+    assert [policy.depth("bad", 4) for _ in range(9)] == [0, 0, 1, 0, 0, 0, 0, 0, 1]  # one-token probes
+    assert policy.depth("good", 0) == 0
+
+
+def test_row_cost_by_device():
+    assert row_cost_for("cpu") == 0.13
+    assert row_cost_for("cuda") == 0.0
+    assert row_cost_for("cuda", 0.5) == 0.5
