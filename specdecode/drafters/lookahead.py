@@ -153,7 +153,7 @@ class _State:
     aux_parents: tuple[int, ...] = field(default_factory=tuple)
     root: int | None = None  # the pending token the window last hung from
     depths: DepthPolicy | None = None  # depth per kind of candidate (context-matched or not)
-    window: Yield = field(default_factory=lambda: Yield(0.0))  # accepted tokens from its n-grams per pass
+    window: Yield = field(default_factory=lambda: Yield(0.0))  # tokens accepted from its n-grams per window pass
     proposed: Candidate | None = None  # the first candidate of the draft in flight
     proposed_depth: int = 0  # ... and how many of its tokens were drafted
     window_ran: bool = False  # the draft in flight carries the window
@@ -223,8 +223,10 @@ class Lookahead(BaseDrafter):
         state: _State = seq.state
         if state.proposed is not None:  # (a tree's other candidates are not scored: G is 1 by default)
             state.depths.add(state.proposed.matched, state.proposed_depth, min(accepted, state.proposed_depth))
+            if state.proposed.from_window:  # the window earns what its n-grams earn, whenever they are used
+                state.window.credit(min(accepted, state.proposed_depth))
         if state.window_ran:
-            state.window.add(accepted if state.proposed is not None and state.proposed.from_window else 0)
+            state.window.spent()
         n = self.config.ngram
         state.pool.add_text(seq.tokens, n, start=max(0, state.indexed - n + 1))
         state.indexed = len(seq.tokens)

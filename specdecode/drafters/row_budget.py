@@ -58,7 +58,15 @@ class Yield:
         return self.total / self.tries
 
     def add(self, accepted: float) -> None:
+        self.credit(accepted)
+        self.spent()
+
+    def credit(self, accepted: float) -> None:
+        """Tokens it earned (may come on a later pass than the try that earned them)."""
         self.total += accepted
+
+    def spent(self) -> None:
+        """One more try."""
         self.tries += 1
 
     def worth(self, rows: int, row_cost: float, probe_every: int) -> bool:
