@@ -23,7 +23,7 @@ import torch
 
 from ..config import ConfigError, SpecConfig
 from .base import AuxBranch, BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, Yield, row_cost_for
+from .row_budget import DepthPolicy, Yield, measured_row_cost, row_cost_for
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class LookaheadConfig:
     every_step (the paper's schedule, for GPUs where width is free: pass wider W, N, G there).
 
     row_cost: what one more row of a pass costs, in one-token passes; None = by device (row_budget: CPU 0.13,
-    CUDA 0). Rows must earn their cost: for each kind of candidate (context-matched, i.e. the pool's n-gram
+    CUDA 0; the registry's builder measures it on the target instead, row_budget.measured_row_cost). Rows must earn their cost: for each kind of candidate (context-matched, i.e. the pool's n-gram
     was seen after the same two tokens, or matched on the last token only) the depth verified is the one that
     maximises expected tokens per pass cost by the acceptance measured so far in this sequence
     (row_budget.DepthPolicy), and the Jacobi window runs only while the tokens accepted from n-grams it
@@ -234,7 +234,7 @@ class Lookahead(BaseDrafter):
 
 def _build(target, config: DrafterConfig, spec: SpecConfig) -> Lookahead:
     shape = {} if config.lookahead is None else dict(zip(("window", "ngram", "candidates"), config.lookahead))
-    return Lookahead(LookaheadConfig(**shape, row_cost=config.row_cost), target.device.type)
+    return Lookahead(LookaheadConfig(**shape, row_cost=measured_row_cost(target, config.row_cost)), target.device.type)
 
 
 SPEC = DrafterSpec("lookahead", _build, "Jacobi lookahead window + n-gram pool verified in one pass (model-free)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, row_cost_for
+from .row_budget import DepthPolicy, measured_row_cost, row_cost_for
 
 
 @dataclass
@@ -93,6 +93,7 @@ class PromptLookup(BaseDrafter):
 
 SPEC = DrafterSpec(
     "prompt-lookup",
-    lambda target, config, spec: PromptLookup(config.min_ngram, config.max_ngram, target.device.type, config.row_cost),
+    lambda target, config, spec: PromptLookup(config.min_ngram, config.max_ngram, target.device.type,
+                                              measured_row_cost(target, config.row_cost)),
     "n-gram match in prompt + generated text (model-free)",
 )

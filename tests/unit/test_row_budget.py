@@ -1,9 +1,12 @@
 """The depth policy of table drafters (row_budget): draft what pays for its rows, probe what does not."""
 from __future__ import annotations
 
-import pytest
+import time
 
-from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, Yield, row_cost_for
+import pytest
+import torch
+
+from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, Yield, measured_row_cost, row_cost_for
 
 
 @pytest.mark.parametrize("prior, accepted, rows, cost, every, verdicts", [
@@ -69,3 +72,30 @@ def test_row_cost_by_device():
     assert row_cost_for("cpu") == 0.13
     assert row_cost_for("cuda") == 0.0
     assert row_cost_for("cuda", 0.5) == 0.5
+
+
+class _TimedTarget:
+    """A stand-in whose passes take 2 ms plus 0.5 ms per extra token (row cost 0.25), on a given device."""
+
+    vocab_size, pad_id, block_device = 50, 0, torch.device("cpu")
+
+    def __init__(self, device: str = "cpu"):
+        self.device, self.widths = torch.device(device), []
+
+    def new_cache(self, rows: int, capacity: int):
+        return None
+
+    def forward(self, cache, rows, block, keep="all"):
+        width = block.input_ids.shape[1]
+        self.widths.append(width)
+        if keep == "all":
+            time.sleep(0.002 + 0.0005 * (width - 1))
+
+
+def test_row_cost_is_measured_on_the_target():
+    target = _TimedTarget()
+    assert measured_row_cost(target) == pytest.approx(0.25, abs=0.1)
+    assert target.widths[0] == 32 and set(target.widths[1:]) == {1, 8}  # prefill, then both widths in turns
+    assert measured_row_cost(target, configured=0.5) == 0.5  # a configured cost is not measured
+    gpu = _TimedTarget("cuda")
+    assert measured_row_cost(gpu) == 0.0 and gpu.widths == []  # rows are free there: nothing to time
