@@ -3,6 +3,7 @@ cache we control (4D mask, explicit position ids). Nothing is forked from transf
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -12,6 +13,7 @@ from .attention import using_grouped_attention
 from .cpu_gemm import SkinnyLinears, helps
 from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
+from .pass_cost import measure_row_cost
 from .trees import Block, build_block
 
 
@@ -87,6 +89,11 @@ class Target:
     @property
     def skinny_gemm(self) -> bool:
         return self._skinny is not None
+
+    @functools.cached_property
+    def row_cost(self) -> float:
+        """One more token of a verify pass, in one-token passes; measured once, when first asked (pass_cost)."""
+        return measure_row_cost(self)
 
     def new_cache(self, rows: int = 1, capacity: int = 256, num_layers: int | None = None) -> RollbackCache:
         if self.fast.enabled:

@@ -23,7 +23,7 @@ import torch
 
 from ..config import ConfigError, SpecConfig
 from .base import AuxBranch, BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, Yield, measured_row_cost, row_cost_for
+from .row_budget import DepthPolicy, Yield, row_cost_for
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,11 @@ class LookaheadConfig:
     (no pool n-gram starts with the pending token) is a plain one-token pass without the window, unless
     every_step (the paper's schedule, for GPUs where width is free: pass wider W, N, G there).
 
-    row_cost: what one more row of a pass costs, in one-token passes; None = by device (row_budget: CPU 0.13,
-    CUDA 0; the registry's builder measures it on the target instead, row_budget.measured_row_cost). Rows must earn their cost: for each kind of candidate (context-matched, i.e. the pool's n-gram
-    was seen after the same two tokens, or matched on the last token only) the depth verified is the one that
-    maximises expected tokens per pass cost by the acceptance measured so far in this sequence
+    row_cost: what one more row of a pass costs, in one-token passes; None = 0 (free rows) for a bare
+    Lookahead, the target's measured cost when built through the registry (Target.row_cost: ~0.14 on the dev
+    CPU, 0 on CUDA). Rows must earn their cost: for each kind of candidate (context-matched, i.e. the pool's
+    n-gram was seen after the same two tokens, or matched on the last token only) the depth verified is the
+    one that maximises expected tokens per pass cost by the acceptance measured so far in this sequence
     (row_budget.DepthPolicy), and the Jacobi window runs only while the tokens accepted from n-grams it
     harvested, per window pass, reach row_cost x its W(N-1) rows. What does not pay is still tried on the
     probe_every-th chance, then after twice as many, up to 8x (so a change is noticed and the window keeps
@@ -162,9 +163,9 @@ class _State:
 class Lookahead(BaseDrafter):
     name = "lookahead"
 
-    def __init__(self, config: LookaheadConfig | None = None, device_type: str = "cpu"):
+    def __init__(self, config: LookaheadConfig | None = None):
         self.config = config or LookaheadConfig()
-        self.row_cost = row_cost_for(device_type, self.config.row_cost)
+        self.row_cost = self.config.row_cost or 0.0
 
     def start(self, seq: SequenceContext) -> None:
         c = self.config
@@ -234,7 +235,7 @@ class Lookahead(BaseDrafter):
 
 def _build(target, config: DrafterConfig, spec: SpecConfig) -> Lookahead:
     shape = {} if config.lookahead is None else dict(zip(("window", "ngram", "candidates"), config.lookahead))
-    return Lookahead(LookaheadConfig(**shape, row_cost=measured_row_cost(target, config.row_cost)), target.device.type)
+    return Lookahead(LookaheadConfig(**shape, row_cost=row_cost_for(target, config.row_cost)))
 
 
 SPEC = DrafterSpec("lookahead", _build, "Jacobi lookahead window + n-gram pool verified in one pass (model-free)")

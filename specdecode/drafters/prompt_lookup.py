@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, measured_row_cost, row_cost_for
+from .row_budget import DepthPolicy, row_cost_for
 
 
 @dataclass
@@ -64,10 +64,9 @@ class _State:
 class PromptLookup(BaseDrafter):
     name = "prompt-lookup"
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, device_type: str = "cpu",
-                 row_cost: float | None = None):
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, row_cost: float = 0.0):
         self.min_n, self.max_n = min_ngram, max_ngram
-        self.row_cost = row_cost_for(device_type, row_cost)
+        self.row_cost = row_cost  # 0: rows are free, every match is drafted in full
 
     def start(self, seq: SequenceContext) -> None:
         priors = {n: PRIOR_RATES[min(n, 3)] for n in range(self.min_n, self.max_n + 1)}
@@ -93,7 +92,7 @@ class PromptLookup(BaseDrafter):
 
 SPEC = DrafterSpec(
     "prompt-lookup",
-    lambda target, config, spec: PromptLookup(config.min_ngram, config.max_ngram, target.device.type,
-                                              measured_row_cost(target, config.row_cost)),
+    lambda target, config, spec: PromptLookup(config.min_ngram, config.max_ngram,
+                                              row_cost_for(target, config.row_cost)),
     "n-gram match in prompt + generated text (model-free)",
 )

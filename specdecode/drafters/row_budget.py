@@ -14,47 +14,15 @@ one token now and then, at doubling intervals, so a change is noticed.
 """
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
-import torch
-
-from ..trees import build_block
-
-ROW_COST = {"cpu": 0.13}  # by device type, when no target is at hand to measure; any other device: 0
 PRIOR_TRIES = 2  # weight of the prior rates, in proposals: a fresh sequence's own results soon outweigh them
 MAX_BACKOFF = 8  # probe intervals double up to this many times probe_every
 
 
-def row_cost_for(device_type: str, configured: float | None = None) -> float:
-    """The cost of one more row of a verify pass, in one-token passes: `configured`, else the device's."""
-    return ROW_COST.get(device_type, 0.0) if configured is None else configured
-
-
-@torch.inference_mode()
-def measured_row_cost(target, configured: float | None = None, width: int = 8, rounds: int = 3) -> float:
-    """Row cost of this target on this machine: `configured` if given; 0 off the CPU (a pass is flat there up to
-    tens of tokens); on the CPU (t_width / t_1 - 1) / (width - 1) from passes over a scratch cache of 32
-    tokens, one-token and `width`-token passes taking turns, fastest of `rounds` after one warm-up round
-    (~0.5 s for SmolLM2). A CPU whose BLAS handles few rows well gets a lower cost, hence deeper drafts."""
-    if configured is not None:
-        return configured
-    if target.device.type != "cpu":
-        return 0.0
-    cache = target.new_cache(rows=1, capacity=64)
-    prefix = [i % target.vocab_size for i in range(1, 33)]
-    target.forward(cache, [0], build_block([0], [prefix], [list(range(-1, 31))], target.pad_id, target.block_device),
-                   keep="last")
-    blocks = {w: build_block([32], [prefix[:w]], [list(range(-1, w - 1))], target.pad_id, target.block_device)
-              for w in (1, width)}
-    best = {w: float("inf") for w in blocks}
-    for round_ in range(rounds + 1):
-        for w, block in blocks.items():
-            began = time.perf_counter()
-            target.forward(cache, [0], block)
-            if round_:
-                best[w] = min(best[w], time.perf_counter() - began)
-    return max(0.0, (best[width] / best[1] - 1) / (width - 1))
+def row_cost_for(target, configured: float | None = None) -> float:
+    """The row cost a drafter of this target plans with: `configured`, else the target's measured one."""
+    return target.row_cost if configured is None else configured
 
 
 class Probe:

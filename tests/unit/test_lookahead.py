@@ -240,9 +240,12 @@ def test_window_runs_while_its_ngrams_pay():
     assert state.window.mean >= 0.3
 
 
-def test_row_cost_by_device():
-    assert Lookahead(device_type="cpu").row_cost == 0.13
-    assert Lookahead(device_type="cuda").row_cost == 0.0
-    assert Lookahead(LookaheadConfig(row_cost=0.5), device_type="cuda").row_cost == 0.5
+def test_row_cost_from_the_config_or_the_target():
+    assert Lookahead().row_cost == 0.0  # a bare drafter: rows are free
+    assert Lookahead(LookaheadConfig(row_cost=0.5)).row_cost == 0.5
+    target = tiny_target()
+    target.row_cost = 0.13  # (the cached measurement, set by hand)
+    assert build_drafter(target, DrafterConfig("lookahead")).row_cost == 0.13
+    assert build_drafter(target, DrafterConfig("lookahead", row_cost=0.5)).row_cost == 0.5
     with pytest.raises(ConfigError):
         LookaheadConfig(row_cost=-1.0)

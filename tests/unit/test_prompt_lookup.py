@@ -46,7 +46,7 @@ def test_depth_follows_the_match_length_on_a_cpu():
 
     one = [9, 1, 2, 3, 4, 5, 6, 7, 8, 1]  # only (1,) recurs
     three = [7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1]  # (7, 8, 1) recurs
-    cpu, gpu = PromptLookup(device_type="cpu"), PromptLookup(device_type="cuda")
+    cpu, gpu = PromptLookup(row_cost=0.13), PromptLookup(row_cost=0.0)  # the dev CPU's measured cost / CUDA
     assert len(_propose(cpu, one)[1].tokens) == 1
     assert len(_propose(cpu, three)[1].tokens) == 5
     assert len(_propose(gpu, one)[1].tokens) == 5
@@ -56,7 +56,7 @@ def test_depth_learns_from_results():
     """Three-token matches whose first token keeps being rejected stop being drafted (then only probed)."""
     from specdecode.drafters.prompt_lookup import PromptLookup
 
-    drafter = PromptLookup(device_type="cpu")
+    drafter = PromptLookup(row_cost=0.13)
     seq, draft = _propose(drafter, [7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1])
     depths = [len(draft.tokens)]
     for _ in range(14):  # the prior (0.86 first-token acceptance) is worth 2 proposals: ~12 misses to give up

@@ -6,7 +6,8 @@ import time
 import pytest
 import torch
 
-from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, Yield, measured_row_cost, row_cost_for
+from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, Yield, row_cost_for
+from specdecode.pass_cost import measure_row_cost
 
 
 @pytest.mark.parametrize("prior, accepted, rows, cost, every, verdicts", [
@@ -68,10 +69,13 @@ def test_policy_probes_a_kind_that_does_not_pay():
     assert policy.depth("good", 0) == 0
 
 
-def test_row_cost_by_device():
-    assert row_cost_for("cpu") == 0.13
-    assert row_cost_for("cuda") == 0.0
-    assert row_cost_for("cuda", 0.5) == 0.5
+def test_row_cost_configured_or_the_targets():
+    class Measured:
+        row_cost = 0.13
+
+    assert row_cost_for(Measured()) == 0.13
+    assert row_cost_for(Measured(), 0.0) == 0.0
+    assert row_cost_for(Measured(), 0.5) == 0.5
 
 
 class _TimedTarget:
@@ -94,8 +98,18 @@ class _TimedTarget:
 
 def test_row_cost_is_measured_on_the_target():
     target = _TimedTarget()
-    assert measured_row_cost(target) == pytest.approx(0.25, abs=0.1)
+    assert measure_row_cost(target) == pytest.approx(0.25, abs=0.1)
     assert target.widths[0] == 32 and set(target.widths[1:]) == {1, 8}  # prefill, then both widths in turns
-    assert measured_row_cost(target, configured=0.5) == 0.5  # a configured cost is not measured
+    assert row_cost_for(target, configured=0.5) == 0.5  # a configured cost is not measured
     gpu = _TimedTarget("cuda")
-    assert measured_row_cost(gpu) == 0.0 and gpu.widths == []  # rows are free there: nothing to time
+    assert measure_row_cost(gpu) == 0.0 and gpu.widths == []  # rows are free there: nothing to time
+
+
+def test_target_measures_once(monkeypatch, tiny_model):
+    """Every table drafter built on a Target plans with one measurement (~0.5 s on the real model)."""
+    from specdecode.target import Target
+
+    calls = []
+    monkeypatch.setattr("specdecode.target.measure_row_cost", lambda target: calls.append(target) or 0.2)
+    target = Target(tiny_model)
+    assert (target.row_cost, target.row_cost, len(calls)) == (0.2, 0.2, 1)
