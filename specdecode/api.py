@@ -29,7 +29,7 @@ class SpecDecoder:
 
     @classmethod
     def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
-             exit_layer: int | None = None, lookahead: tuple[int, int, int] | None = None,
+             draft_weights: str = "auto", exit_layer: int | None = None, lookahead: tuple[int, int, int] | None = None,
              spec: SpecConfig | None = None, device: str = "cpu",
              dtype: str = "float32", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
         spec = spec or SpecConfig()
@@ -38,8 +38,8 @@ class SpecDecoder:
         loaded = load_model(model, device=device, dtype=dtype)
         target = Target(loaded.model, loaded.tokenizer, fast)
         drafter_impl = build_drafter(
-            target, DrafterConfig(name=drafter, draft_model=draft_model, exit_layer=exit_layer,
-                                  lookahead=lookahead), spec
+            target, DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights,
+                                  exit_layer=exit_layer, lookahead=lookahead), spec
         )
         engine = Engine(target, drafter_impl, spec, max_batch=max_batch)
         engine.warmup()

@@ -28,12 +28,15 @@ def _quiet_transformers() -> None:
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
     from .drafters import AUTO, registry
+    from .int8_draft import CHOICES
 
     parser.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
                         help=f"drafting method ({AUTO}: the best measured one for the device, eagle on CPU with "
                              "a shipped head, else prompt-lookup)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
+    parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
+                        help="draft-model: int8 weights (auto: on the CPU, where measured faster) or the target's dtype")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
                         help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
@@ -81,9 +84,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     if not args.prompt.strip():
         raise ConfigError("the prompt is empty")
-    decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, exit_layer=args.exit_layer,
-                               lookahead=args.lookahead, spec=spec_config(args), device=args.device, dtype=default_dtype(args),
-                               fast=fast_config(args))
+    decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, draft_weights=args.draft_weights,
+                               exit_layer=args.exit_layer, lookahead=args.lookahead, spec=spec_config(args),
+                               device=args.device, dtype=default_dtype(args), fast=fast_config(args))
     pieces, seq = [], None
     for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
         pieces.append(chunk.text)

@@ -72,7 +72,8 @@ class Target:
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.config = config
         self.num_layers: int = config.num_hidden_layers
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        head = model.get_output_embeddings()  # nn.Linear, or a quantized linear (int8_draft.py)
+        self.vocab_size: int = head.out_features if hasattr(head, "out_features") else head.weight.shape[0]
         self.max_positions: int = getattr(config, "max_position_embeddings", None) or 1 << 20
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(config, "pad_token_id", None)

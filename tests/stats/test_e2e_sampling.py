@@ -9,6 +9,7 @@ from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import registry
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.engine import Engine
+from specdecode.int8_draft import quantize_linears
 from specdecode.target import Target
 from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
@@ -30,15 +31,17 @@ def exact(target) -> dict:
 
 
 def build(name: str, target: Target, spec: SpecConfig):
-    if name == "draft-model":
-        draft = Target(tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None))
-        return DraftModel(draft, target)
+    if name in ("draft-model", "draft-model-int8"):  # q drawn from the draft, at full precision or int8
+        model = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None)
+        if name.endswith("int8"):
+            assert quantize_linears(model)
+        return DraftModel(Target(model), target)
     # table drafters with free rows: every match drafted in full, so their deterministic drafts are always
     # verified (at a measured CPU row cost they would mostly decline on a random model)
     return tiny_drafter(target, name, spec, exit_layer=1, row_cost=0.0)
 
 
-@pytest.mark.parametrize("name", [n for n in registry() if n != "none"])
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["draft-model-int8"])
 def test_first_tokens_follow_target(name, target, exact):
     spec = SpecConfig(k=2)
     engine = Engine(target, build(name, target, spec), spec)
