@@ -5,17 +5,18 @@ import torch
 from torch import nn
 
 from specdecode.config import ConfigError
-from specdecode.int8_draft import available, quantize_linears, wants_int8
+from specdecode.int8_draft import Int8Linear, available, quantize_linears, wants_int8
 from specdecode.target import Target
 from tests.tiny import tiny_llama
 
-pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no quantized engine")
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build lacks the int8-weight CPU kernel")
 
 
 def test_every_linear_is_replaced_and_the_target_still_reads_its_vocabulary():
     model = tiny_llama(vocab_size=300, layers=2, seed=3)
     assert quantize_linears(model)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 2 * 7 + 1
     assert isinstance(model.get_input_embeddings(), nn.Embedding)  # embeddings stay full precision
     assert Target(model).vocab_size == 300
 
@@ -28,17 +29,15 @@ def test_int8_logits_stay_close_to_full_precision():
     ids = torch.randint(3, 259, (1, 40), generator=torch.Generator().manual_seed(0))
     a, b = full(ids).logits[0], int8(ids).logits[0]  # [40, vocab]
     assert not torch.equal(a, b)  # really quantized
-    # a random tiny model with large activations is a hard case for per-call activation scales (measured:
-    # cosine 0.988, argmax agreement 0.85); a real draft agrees far more, which only its acceptance shows
-    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), 0) > 0.97
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.7
+    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), 0) > 0.995  # measured 0.9989
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8  # measured 0.9 (a random model: near ties)
 
 
 def test_choice():
     cpu = torch.device("cpu")
     assert wants_int8("auto", cpu) and wants_int8("int8", cpu) and not wants_int8("same", cpu)
     assert not wants_int8("auto", torch.device("cuda")) and not wants_int8("same", torch.device("cuda"))
-    with pytest.raises(ConfigError, match="on the CPU"):
+    with pytest.raises(ConfigError, match="not on cuda"):
         wants_int8("int8", torch.device("cuda"))
     with pytest.raises(ConfigError, match="must be one of"):
         wants_int8("int4", cpu)
