@@ -55,15 +55,16 @@ def available() -> bool:
 
 
 def quantize_linears(model: nn.Module) -> bool:
-    """Replace every nn.Linear of `model` (a CPU model) by an Int8Linear, in place -> whether it did. Embeddings
-    and norms stay as they are (a tied output head gets its own int8 copy)."""
-    if next(model.parameters()).device.type != "cpu" or not available():
-        return False
+    """Replace every nn.Linear of `model` (a CPU model; `wants_int8` decides whether to) by an Int8Linear, in
+    place -> whether there was any. Embeddings and norms stay as they are (a tied output head gets its own int8
+    copy)."""
+    replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(parent, name, Int8Linear(child))
-    return True
+                replaced += 1
+    return replaced > 0
 
 
 def wants_int8(choice: str, device: torch.device) -> bool:

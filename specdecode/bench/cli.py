@@ -53,8 +53,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         out=args.out, prompts=args.prompts, limit=args.limit, methods=args.methods, model=args.model,
         draft_model=args.draft_model, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, k=args.k, exit_layer=args.exit_layer,
-        hf_draft_tokens=args.hf_draft_tokens, heads=tuple(args.head), draft_weights=args.draft_weights, seed=args.seed, threads=args.threads,
+        temperature=args.temperature, k=args.k, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
+        hf_draft_tokens=args.hf_draft_tokens, heads=tuple(args.head), seed=args.seed, threads=args.threads,
         warmup=not args.no_warmup, progress=not args.no_progress, compile=args.compile,
     )
 
