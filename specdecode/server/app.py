@@ -112,6 +112,13 @@ def create_app(service: Service) -> FastAPI:
         card = s.ModelCard(id=service.config.model_name, created=service.created)
         return s.ModelList(data=[card]).model_dump()
 
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        if model != service.config.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {service.config.model_name!r}",
+                           param="model", code="model_not_found")
+        return s.ModelCard(id=model, created=service.created).model_dump()
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _counted(service, "completions", _handle(service, request, chat=False))
@@ -275,6 +282,9 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
     tokenizer = service.target.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
+    for i, m in enumerate(req.messages):
+        if m.content is None and m.role != "assistant":
+            raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content", "invalid_value")
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     try:
         encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -291,10 +301,17 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     room = context - len(prompt_ids)
     param, max_tokens = "max_tokens", req.max_tokens
     if isinstance(req, s.ChatCompletionRequest) and req.max_completion_tokens is not None:
+        if max_tokens is not None and max_tokens != req.max_completion_tokens:
+            raise bad_request(f"max_tokens ({max_tokens}) and max_completion_tokens ({req.max_completion_tokens}) "
+                              "disagree; send one of them", "max_completion_tokens", "invalid_value")
         param, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is not None and max_tokens <= 0:
         raise bad_request(f"{param} must be a positive integer, got {max_tokens}", param, "invalid_value")
-    if room < 1 or (max_tokens is not None and max_tokens > room):
+    if room < 1:
+        raise bad_request(f"the prompt ({len(prompt_ids)} tokens) leaves no room in the model's context of {context} "
+                          "tokens", "messages" if isinstance(req, s.ChatCompletionRequest) else "prompt",
+                          "context_length_exceeded")
+    if max_tokens is not None and max_tokens > room:
         raise bad_request(f"the prompt ({len(prompt_ids)} tokens) plus {param} ({max_tokens}) exceeds the model's "
                           f"context of {context} tokens", param, "context_length_exceeded")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])

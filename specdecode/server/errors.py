@@ -36,7 +36,9 @@ def from_validation(error: ValidationError) -> APIError:
     if first["type"] == "missing":
         return APIError(400, f"missing required field {param!r}", param=param, code="missing_field")
     if first["type"] == "model_type":
-        return APIError(400, "the request body must be a JSON object", code="invalid_type")
+        if param is None:
+            return APIError(400, "the request body must be a JSON object", code="invalid_type")
+        return APIError(400, f"invalid value for {param!r}: expected a JSON object", param=param, code="invalid_value")
     return APIError(400, f"invalid value for {param!r}: {first['msg']}", param=param, code="invalid_value")
 
 

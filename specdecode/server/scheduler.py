@@ -112,12 +112,14 @@ class Ticket:
 @dataclass
 class CappedLength:
     """Stands in for Sequence.length: the request's own K (or the engine's policy), capped per step by the
-    scheduler; adaptive updates still go to the engine's policy."""
+    scheduler; adaptive updates still go to the engine's policy. A seeded sampled request ignores the cap: its
+    random draws depend on K, and the cap depends on the load, but a seed must give the same text at any load."""
 
     inner: SpeculationLength
     request_k: int | None
     speculates: bool
     cap: int = 1 << 10
+    seeded: bool = False
 
     @property
     def own_k(self) -> int:
@@ -127,7 +129,7 @@ class CappedLength:
 
     @property
     def k(self) -> int:
-        return min(self.own_k, self.cap)
+        return self.own_k if self.seeded else min(self.own_k, self.cap)
 
     def update(self, drafted: int, accepted: int, seconds: float | None = None, committed: int = 1) -> None:
         self.inner.update(drafted, accepted, seconds=seconds, committed=committed)
@@ -245,7 +247,9 @@ class Scheduler:
                 ticket.post(Failed(f"could not start generation: {error}"))
                 continue
             self.router.choose(seq.ctx, job.drafter)
-            seq.length = CappedLength(seq.length, job.k, job.drafter != NO_SPECULATION)  # type: ignore[assignment]
+            seeded = job.sampling.seed is not None and not job.sampling.greedy
+            seq.length = CappedLength(seq.length, job.k, job.drafter != NO_SPECULATION,  # type: ignore[assignment]
+                                      seeded=seeded)
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
             self._active.append(_Slot(ticket, seq, StopText(self.engine.target.tokenizer, job.generation.stop_strings)))
 

@@ -4,24 +4,41 @@ Validation policy for request fields, in three kinds:
 1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (logprobs, echo, best_of, penalties, logit_bias, suffix, tools, ...) are
-   accepted only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the
-   field is unsupported, so a client never gets silently different behaviour.
-3. Fields neither OpenAI nor we define are ignored: SDKs and proxies add fields freely, and such a field has no
-   declared type to be wrong about.
+2. OpenAI fields we do not implement (logprobs, echo, best_of, penalties, logit_bias, suffix, tools, functions,
+   audio, a message's name or tool_calls, ...) and the common vLLM sampling extensions (min_p,
+   repetition_penalty, guided_json, ...) are accepted only at their neutral value (null / false / 0 / 1 /
+   empty); anything else is a 400 that says the field is unsupported, so a client never gets silently
+   different behaviour.
+3. Other fields are ignored: SDKs and proxies add fields freely (and OpenAI's bookkeeping fields such as
+   `metadata`, `store` or `service_tier` do not change the output), and such a field has no declared type to be
+   wrong about.
 Extensions: `speculation: {"drafter": NAME, "k": K}` chooses the drafter ("none" disables speculation) and sets
 the request's draft length; `top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance
 rate, drafter) in responses.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
+
+    # field -> the values that mean "not used", for fields this server does not implement (declared as `Any`)
+    NEUTRAL: ClassVar[dict[str, tuple]] = {}
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        """(param, message) for features requested here that this server does not implement."""
+        return [(name, f"{name} is not supported; omit it or send null")
+                for name, neutral in self.NEUTRAL.items()
+                if getattr(self, name) is not None and not any(_same(getattr(self, name), v) for v in neutral)]
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """Equal and of the same kind (true is not 1 here)."""
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
 
 
 class SpeculationOptions(_Request):
@@ -43,7 +60,7 @@ class _Sampling(_Request):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)  # extension (as in vLLM)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)  # what torch.Generator.manual_seed takes
     stop: str | list[str] | None = None
     n: int | None = None
     stream: bool | None = False
@@ -56,10 +73,23 @@ class _Sampling(_Request):
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     logprobs: Any = None
+    # vLLM sampling extensions, accepted only at their neutral value:
+    min_p: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    stop_token_ids: Any = None
+    include_stop_str_in_output: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    NEUTRAL: ClassVar[dict[str, tuple]] = {
+        "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
+        "include_stop_str_in_output": (False,), "guided_json": (), "guided_regex": (), "guided_choice": (),
+        "guided_grammar": ()}
 
     def unsupported(self) -> list[tuple[str, str]]:
-        """(param, message) for OpenAI features requested here that this server does not implement."""
-        problems = []
+        problems = super().unsupported()
         if self.n not in (None, 1):
             problems.append(("n", "only n=1 is supported"))
         for name in ("presence_penalty", "frequency_penalty"):
@@ -67,7 +97,8 @@ class _Sampling(_Request):
                 problems.append((name, f"{name} is not supported; omit it or send 0"))
         if self.logit_bias:
             problems.append(("logit_bias", "logit_bias is not supported"))
-        if self.logprobs not in (None, False, 0):
+        # not even 0: on /v1/completions, logprobs 0 asks for the sampled tokens' logprobs
+        if self.logprobs is not None and not _same(self.logprobs, False):
             problems.append(("logprobs", "logprobs are not supported"))
         return problems
 
@@ -98,8 +129,12 @@ class TextPart(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: str | list[TextPart] | None = None  # null only for an assistant message (see the app)
+    # the chat template has no place for these: accepted only when empty
+    name: Any = None
+    tool_calls: Any = None
+    function_call: Any = None
+    NEUTRAL: ClassVar[dict[str, tuple]] = {"name": (), "tool_calls": ([],), "function_call": ()}
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -114,9 +149,28 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    # vLLM chat extensions
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    NEUTRAL: ClassVar[dict[str, tuple]] = {
+        **_Sampling.NEUTRAL, "functions": ([],), "function_call": ("none", "auto"), "audio": (),
+        "modalities": (["text"],), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
+        "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
+        "continue_final_message": (False,)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
+        for i, message in enumerate(self.messages):
+            problems += [(f"messages.{i}.{param}", text) for param, text in message.unsupported()]
         if self.top_logprobs:
             problems.append(("top_logprobs", "logprobs are not supported"))
         if self.tools:

@@ -14,6 +14,7 @@ from specdecode.drafters import DrafterConfig, build_drafter
 from specdecode.drafters.base import BaseDrafter, Draft
 from specdecode.server.app import create_app
 from specdecode.server.background import BackgroundServer
+from specdecode.server.policy import CostTable, SpecPolicy
 from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, tiny_service
 
 
@@ -85,6 +86,9 @@ def test_models_health_and_metrics(server, client):
                  "specdecode_time_to_first_token_seconds_bucket", "specdecode_time_per_output_token_seconds_bucket"):
         assert name in text, name
     assert 'specdecode_requests_total{endpoint="completions",status="200"}' in text
+    assert client.models.retrieve(MODEL).id == MODEL  # GET /v1/models/{model}
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 @pytest.mark.parametrize("drafter", [None, "none", "layer-skip"])
@@ -157,6 +161,11 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": "", "max_tokens": 2}', 400, "invalid_value", "prompt"),
     (b'{"model": "tiny", "prompt": [999999]}', 400, "invalid_value", "prompt"),
     (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),
+    (b'{"model": "tiny", "prompt": "x", "seed": 1180591620717411303424}', 400, "invalid_value", "seed"),
+    (b'{"model": "tiny", "prompt": "x", "logprobs": 0}', 400, "unsupported", "logprobs"),  # 0: sampled tokens'
+    (b'{"model": "tiny", "prompt": "x", "min_p": 0.2}', 400, "unsupported", "min_p"),
+    (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 1.3}', 400, "unsupported", "repetition_penalty"),
+    (b'{"model": "tiny", "prompt": "' + b"x" * 1100 + b'"}', 400, "context_length_exceeded", "prompt"),
 ]
 
 
@@ -177,11 +186,35 @@ def test_malformed_completion_requests(server, body, status, code, param):
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
      "max_completion_tokens"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"model": MODEL, "messages": ["hi"]}, "messages.0"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    ({"model": MODEL, "messages": [{"role": "user"}]}, "messages.0.content"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "messages.0.name"),
+    ({"model": MODEL, "messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                                   {"role": "user", "content": "hi"}]}, "messages.0.tool_calls"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "functions": [{"name": "f"}]}, "functions"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "high"},
+     "reasoning_effort"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"]},
+     "modalities"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "max_completion_tokens": 3},
+     "max_completion_tokens"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "x" * 1100}]}, "messages"),
 ])
 def test_malformed_chat_requests(server, body, param):
     reply = httpx.post(server.url + "/v1/chat/completions", json=body)
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == param
+    assert "\n" not in reply.json()["error"]["message"]
+
+
+def test_unsupported_fields_at_their_neutral_value_are_accepted(server):
+    body = {"model": MODEL, "messages": [{"role": "assistant", "content": None}, {"role": "user", "content": "hi"}],
+            "max_tokens": 2, "max_completion_tokens": 2, "temperature": 0, "logprobs": False, "modalities": ["text"],
+            "repetition_penalty": 1, "min_p": 0, "stop_token_ids": [], "seed": -1}
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] <= 2
 
 
 def test_unknown_fields_are_ignored_and_openai_client_errors_are_typed(server, client):
@@ -259,3 +292,22 @@ def test_sse_wire_format(server):
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     chunks = [json.loads(e[6:]) for e in events[:-1]]
     assert {c["object"] for c in chunks} == {"text_completion"} and len({c["id"] for c in chunks}) == 1
+
+
+def test_seeded_sampling_does_not_depend_on_load(tiny_target):
+    """The K policy caps K by batch size; a seeded sampled request's random draws depend on K, so it keeps its own
+    K: the same seed gives the same text alone and beside another request. This cost table makes K = 4 pay at
+    batch 1 and K = 0 at batch 2."""
+    table = CostTable(batches=(1, 2), qs=(1, 5), ms=((100.0, 100.0), (100.0, 10_000.0)))
+    service = tiny_service(tiny_target, policy=SpecPolicy(table, max_k=4))
+    body = {"model": MODEL, "prompt": "a b c a b c a b", "max_tokens": 24, "temperature": 0.9, "seed": 5,
+            "ignore_eos": True, "speculation": {"drafter": "layer-skip"}}
+    busy = {"model": MODEL, "prompt": "busy", "max_tokens": 900, "temperature": 0, "stream": True,
+            "ignore_eos": True, "speculation": {"drafter": "none"}}
+    with BackgroundServer(create_app(service)) as running:
+        url = running.url + "/v1/completions"
+        alone = httpx.post(url, json=body).json()["choices"][0]["text"]
+        with httpx.stream("POST", url, json=busy, timeout=30) as other:
+            assert next(other.iter_lines()).startswith("data: ")  # the other request is decoding
+            beside = httpx.post(url, json=body, timeout=60).json()["choices"][0]["text"]
+    assert beside == alone
