@@ -267,6 +267,8 @@ def _usage(stats: RequestStats) -> s.Usage:
 # -- validation and encoding ---------------------------------------------------------------------------------------
 def _encode_prompt(service: Service, req: s.CompletionRequest) -> list[int]:
     prompt = req.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]  # a batch of one prompt of token ids
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         vocab = service.target.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
@@ -285,7 +287,9 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
     for i, m in enumerate(req.messages):
         if m.content is None and m.role != "assistant":
             raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content", "invalid_value")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    # OpenAI's "developer" role is its newer name for "system"; a template that does not know it gets "system"
+    developer = "developer" if "developer" in str(tokenizer.chat_template) else "system"
+    messages = [{"role": developer if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
     try:
         encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     except Exception as error:  # noqa: BLE001 - a template may reject a conversation (e.g. role order)

@@ -104,7 +104,7 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]  # a list holds a batch of prompts: one is served
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
@@ -117,7 +117,7 @@ class CompletionRequest(_Sampling):
             problems.append(("best_of", "only best_of=1 is supported"))
         if self.suffix:
             problems.append(("suffix", "suffix is not supported"))
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) > 1:
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int) and len(self.prompt) > 1:
             problems.append(("prompt", "only one prompt per request is supported"))
         return problems
 

@@ -162,6 +162,7 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": [999999]}', 400, "invalid_value", "prompt"),
     (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),
     (b'{"model": "tiny", "prompt": "x", "seed": 1180591620717411303424}', 400, "invalid_value", "seed"),
+    (b'{"model": "tiny", "prompt": [[1, 2], [3]]}', 400, "unsupported", "prompt"),
     (b'{"model": "tiny", "prompt": "x", "logprobs": 0}', 400, "unsupported", "logprobs"),  # 0: sampled tokens'
     (b'{"model": "tiny", "prompt": "x", "min_p": 0.2}', 400, "unsupported", "min_p"),
     (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 1.3}', 400, "unsupported", "repetition_penalty"),
@@ -311,3 +312,19 @@ def test_seeded_sampling_does_not_depend_on_load(tiny_target):
             assert next(other.iter_lines()).startswith("data: ")  # the other request is decoding
             beside = httpx.post(url, json=body, timeout=60).json()["choices"][0]["text"]
     assert beside == alone
+
+
+def test_prompt_forms_and_developer_role(tiny_target, server):
+    """A batch of one prompt of token ids is that prompt; a "developer" message is a system message to a template
+    that does not know the role (OpenAI renamed system to developer)."""
+    ids = tiny_target.tokenizer("The quick brown fox")["input_ids"]
+    texts = [httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 6,
+                                                              "temperature": 0}).json()["choices"][0]["text"]
+             for prompt in (ids, [ids])]
+    assert texts[0] == texts[1]
+    chats = [httpx.post(server.url + "/v1/chat/completions", json={
+        "model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+        "messages": [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hi"}]}).json()
+        for role in ("system", "developer")]
+    assert chats[0]["usage"]["prompt_tokens"] == chats[1]["usage"]["prompt_tokens"]
+    assert chats[0]["choices"][0]["message"] == chats[1]["choices"][0]["message"]
