@@ -41,6 +41,7 @@ class ServerConfig:
     max_batch: int = 8
     max_queue: int = 64
     default_max_tokens: int = 256
+    max_body_bytes: int = 8 << 20  # a larger request body is a 413 before it is read whole
 
 
 @dataclass
@@ -142,7 +143,7 @@ async def _counted(service: Service, endpoint: str, work) -> Response:
 
 # -- one request -------------------------------------------------------------------------------------------------
 async def _handle(service: Service, request: Request, chat: bool) -> Response:
-    body = await request.body()
+    body = await _read_body(request, service.config.max_body_bytes)
     schema = s.ChatCompletionRequest if chat else s.CompletionRequest
     try:
         req = schema.model_validate_json(body)
@@ -153,8 +154,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     if req.model != service.config.model_name:
         raise APIError(404, f"model {req.model!r} does not exist; this server serves {service.config.model_name!r}",
                        param="model", code="model_not_found")
-    with service.tokenizer_lock:
-        prompt_ids = _encode_chat(service, req) if chat else _encode_prompt(service, req)
+    prompt_ids = await asyncio.to_thread(_encode, service, req, chat)  # a long prompt must not stall the streams
     job = _job(service, req, prompt_ids)
     ticket = Ticket(job, asyncio.get_running_loop())
     try:
@@ -265,6 +265,25 @@ def _usage(stats: RequestStats) -> s.Usage:
 
 
 # -- validation and encoding ---------------------------------------------------------------------------------------
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, chat: bool) -> list[int]:
+    with service.tokenizer_lock:
+        return _encode_chat(service, req) if chat else _encode_prompt(service, req)  # type: ignore[arg-type]
+
+
 def _encode_prompt(service: Service, req: s.CompletionRequest) -> list[int]:
     prompt = req.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):

@@ -328,3 +328,14 @@ def test_prompt_forms_and_developer_role(tiny_target, server):
         for role in ("system", "developer")]
     assert chats[0]["usage"]["prompt_tokens"] == chats[1]["usage"]["prompt_tokens"]
     assert chats[0]["choices"][0]["message"] == chats[1]["choices"][0]["message"]
+
+
+def test_oversized_body_is_413_whether_declared_or_streamed(server):
+    body = b'{"model": "tiny", "prompt": "' + b"x" * (9 << 20) + b'"}'
+    declared = httpx.post(server.url + "/v1/completions", content=body, timeout=30)
+    streamed = httpx.post(server.url + "/v1/completions", timeout=30,
+                          content=(body[i:i + (1 << 20)] for i in range(0, len(body), 1 << 20)))
+    for reply in (declared, streamed):
+        assert reply.status_code == 413, reply.text
+        assert reply.json()["error"]["code"] == "request_too_large"
+    assert _state(server)["status"] == "ok"
