@@ -42,9 +42,9 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                         help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
     parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
-    parser.add_argument("--max-k", type=int, default=12, help="upper bound for adaptive K")
+    parser.add_argument("--max-k", type=int, default=None, help="upper bound for adaptive K (default: max(12, --k))")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this draft probability")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
@@ -62,8 +62,39 @@ def _lookahead_triple(text: str) -> tuple[int, int, int]:
     return window, ngram, candidates
 
 
+def device_arg(text: str) -> str:
+    """argparse type for --device: cpu, cuda or cuda:N (torch's own error for anything else is a traceback)."""
+    kind, sep, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (sep and (kind != "cuda" or not index.isdigit())):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+# drafter-specific flags -> the drafters that read them (a flag given for another drafter would be ignored)
+_DRAFTER_FLAGS = {"--exit-layer": ("layer-skip",), "--lookahead": ("lookahead",),
+                  "--draft-model": ("draft-model", "eagle", "medusa"), "--draft-weights": ("draft-model",),
+                  "--confidence": ("layer-skip", "draft-model")}
+
+
+def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: str | None = None) -> None:
+    """Refuse a drafter flag that none of `drafters` (names, `auto` resolved) reads: it would be silently ignored.
+    shown: how the drafters are named in the message (default: the names)."""
+    given = {"--exit-layer": args.exit_layer is not None, "--lookahead": args.lookahead is not None,
+             "--draft-model": args.draft_model is not None, "--draft-weights": args.draft_weights != "auto",
+             "--confidence": args.confidence != 0}
+    for flag, users in _DRAFTER_FLAGS.items():
+        if given[flag] and not set(users) & set(drafters):
+            raise ConfigError(f"{flag} has no effect with --drafter {shown or ', '.join(drafters)}; "
+                              f"it is read by --drafter {' or '.join(users)}")
+
+
 def spec_config(args: argparse.Namespace) -> SpecConfig:
-    return SpecConfig(k=args.k, adaptive=args.adaptive, max_k=max(args.max_k, args.k), confidence=args.confidence)
+    if args.max_k is not None and not args.adaptive:
+        raise ConfigError("--max-k has no effect without --adaptive")
+    if args.max_k is not None and args.max_k < args.k:
+        raise ConfigError(f"--max-k ({args.max_k}) must be >= --k ({args.k})")
+    max_k = args.max_k if args.max_k is not None else max(12, args.k)
+    return SpecConfig(k=args.k, adaptive=args.adaptive, max_k=max_k, confidence=args.confidence)
 
 
 def fast_config(args: argparse.Namespace):
@@ -84,6 +115,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     if not args.prompt.strip():
         raise ConfigError("the prompt is empty")
+    if sampling.greedy:
+        ignored = [flag for flag, on in (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
+                                         ("--seed", args.seed is not None)) if on]
+        if ignored:
+            raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set --temperature > 0")
+    drafter = _resolved_drafter(args)
+    check_drafter_flags(args, [drafter], drafter if drafter == args.drafter else f"{args.drafter} (here: {drafter})")
+    spec_config(args)  # its errors before the model loads
     decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, draft_weights=args.draft_weights,
                                exit_layer=args.exit_layer, lookahead=args.lookahead, spec=spec_config(args),
                                device=args.device, dtype=default_dtype(args), fast=fast_config(args))
@@ -106,6 +145,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"{metrics.tokens_per_s:.1f} tokens/s; time: prefill {metrics.prefill_s:.2f}s, "
               f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}")
     return 0
+
+
+def _resolved_drafter(args: argparse.Namespace) -> str:
+    from .drafters import AUTO, best_drafter_name
+
+    if args.drafter != AUTO:
+        return args.drafter
+    return best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """Small frozen configs, one per concern. The CLI maps flags onto these in one place (cli.py)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -22,8 +23,8 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < 0:
             raise ConfigError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:

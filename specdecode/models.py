@@ -113,7 +113,10 @@ def converted_gguf_dir(gguf: Path) -> Path:
     """The cached HF copy of a GGUF, (re)built when missing, partial or corrupt."""
     directory = _gguf_cache_dir(gguf)
     if not _cache_is_valid(directory):
-        _convert_gguf(gguf, directory)
+        try:
+            _convert_gguf(gguf, directory)
+        except (OSError, ValueError, KeyError) as error:  # not a GGUF, or one transformers cannot convert
+            raise ModelError(f"could not convert {str(gguf)!r}: {_first_line(error)}") from error
     return directory
 
 
@@ -144,10 +147,14 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     except (OSError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {first_line}") from error
+        raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {_first_line(error)}") from error
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=spec or DEFAULT_MODEL)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

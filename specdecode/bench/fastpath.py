@@ -109,12 +109,14 @@ def to_markdown(report: FastPathReport) -> str:
 
 
 def register(subparsers, name: str = "bench-fastpath"):
+    from ..cli import device_arg
+
     parser = subparsers.add_parser(name, help="fast path vs eager: tokens/s as a fraction of the bandwidth floor, "
                                              "and the per-pass cost curve (default model or a random Llama shape)")
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--random-config", default=None, choices=sorted(RANDOM_CONFIGS),
                         help="a random-initialised Llama shape instead of a real model")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default="cuda", type=device_arg, help="cpu or cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--drafters", default="prompt-lookup", help="comma list of drafters besides none")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -127,14 +129,36 @@ def register(subparsers, name: str = "bench-fastpath"):
 
 def cmd_fastpath(args) -> int:
     from ..config import ConfigError
+    from ..drafters import registry
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda requested but no CUDA device is available")
-    report = run(args.model, args.random_config, args.device, args.dtype,
-                 tuple(d for d in args.drafters.split(",") if d), args.max_new_tokens,
-                 qs=tuple(int(q) for q in args.qs.split(",")), backend=args.backend)
+    # everything the user gave, checked before a model loads or compiles
+    if args.model is not None and args.random_config is not None:
+        raise ConfigError("--model and --random-config exclude each other")
+    parse_dtype(args.dtype)
+    drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
+    unknown = [d for d in drafters if d not in registry() or registry()[d].needs_draft_model]
+    if unknown:
+        usable = [name for name, spec in registry().items() if not spec.needs_draft_model]
+        raise ConfigError(f"--drafters: unknown or unsupported drafter {unknown[0]!r}; choose from: {', '.join(usable)}")
+    try:
+        qs = tuple(int(q) for q in args.qs.split(","))
+    except ValueError:
+        raise ConfigError(f"--qs expects comma-separated positive integers, got {args.qs!r}") from None
+    if not qs or min(qs) <= 0:
+        raise ConfigError(f"--qs expects comma-separated positive integers, got {args.qs!r}")
+    GenerationConfig(max_new_tokens=args.max_new_tokens)
+    if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
+        raise ConfigError(f"unknown --backend {args.backend!r}; choose from: "
+                          f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create --out {args.out!r}: {error.strerror or error}") from None
+    report = run(args.model, args.random_config, args.device, args.dtype, drafters, args.max_new_tokens,
+                 qs=qs, backend=args.backend)
     stem = f"{args.random_config or 'default'}-{args.backend}"
     (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
     (out / f"{stem}.md").write_text(to_markdown(report))

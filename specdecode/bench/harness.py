@@ -70,10 +70,32 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
     parse_dtype(config.resolved_dtype)
     if config.threads is not None and config.threads <= 0:
         raise ConfigError(f"--threads must be a positive integer, got {config.threads}")
+    _check_flags_used(config, names)
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {config.out!r} exists and is not a directory")
+    try:  # last: nothing is created when another check fails; a run never ends unable to write its results
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create --out {config.out!r}: {error.strerror or error}") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--out {config.out!r} is not writable")
     return questions, names
+
+
+def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
+    """Refuse a method-specific flag when no chosen method reads it (it would be silently ignored)."""
+    ours = methods_mod.OURS_PREFIX
+    used = {
+        "--exit-layer": (config.exit_layer is not None, {ours + "layer-skip", "hf-early-exit"}),
+        "--hf-draft-tokens": (config.hf_draft_tokens is not None, {"hf-prompt-lookup", "hf-assisted", "hf-early-exit"}),
+        "--draft-weights": (config.draft_weights != "auto", {ours + "draft-model"}),
+        "--draft-model": (config.draft_model is not None, {"hf-assisted", ours + "draft-model"}),
+    }
+    used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
+    for flag, (given, readers) in used.items():
+        if given and not readers & set(names):
+            raise ConfigError(f"{flag} has no effect on the chosen methods; it is read by {', '.join(sorted(readers))}")
 
 
 def load_bench_model(config: BenchConfig) -> BenchModel:

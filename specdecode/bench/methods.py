@@ -113,10 +113,11 @@ def available(has_draft: bool) -> list[str]:
 def parse_heads(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     """--head NAME=DIR (repeatable) -> ((name, dir), ...), names checked against the drafter registry."""
     heads = []
+    head_drafters = [name for name, spec in registry().items() if spec.untrained is not None]  # trained weights
     for value in values or ():
         name, sep, path = value.partition("=")
-        if not sep or not path or name not in registry():
-            raise ConfigError(f"--head expects DRAFTER=DIR with DRAFTER one of {', '.join(registry())}, got {value!r}")
+        if not sep or not path or name not in head_drafters:
+            raise ConfigError(f"--head expects DRAFTER=DIR with DRAFTER one of {', '.join(head_drafters)}, got {value!r}")
         heads.append((name, path))
     return tuple(heads)
 
@@ -128,9 +129,11 @@ def explicit(requested: str | None) -> frozenset[str]:
 def choose(requested: str | None, has_draft: bool) -> list[str]:
     """Validate --methods (comma list). The baseline always runs: speedup and losslessness are relative to it."""
     names = available(has_draft)
-    if not requested:
+    if requested is None:
         return names
     wanted = [name.strip() for name in requested.split(",") if name.strip()]
+    if not wanted:
+        raise ConfigError(f"--methods is empty; name one or more of: {', '.join(names)}")
     for name in wanted:
         if name not in names:
             needs = name == "hf-assisted" or (
@@ -189,7 +192,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                 reason = f"{name}: {error}"
                 if not registry()[drafter].needs_draft_model:  # a head drafter's --draft-model is bench's --head
                     reason += f" (in specdecode bench: --head {drafter}=DIR)"
-                if name in explicit:
+                if name in explicit or drafter in heads:  # named in --methods or given a --head: not skipped
                     raise ConfigError(reason) from error
                 skipped[name] = reason
                 continue

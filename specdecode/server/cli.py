@@ -34,7 +34,7 @@ def check_limits(args: argparse.Namespace) -> None:
 
 def build_service(args: argparse.Namespace):
     """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started)."""
-    from ..cli import default_dtype, fast_config, spec_config
+    from ..cli import check_drafter_flags, default_dtype, fast_config, spec_config
     from ..drafters import AUTO, best_drafter_name, build_drafter, registry
     from ..models import load_model
     from ..target import Target
@@ -48,6 +48,7 @@ def build_service(args: argparse.Namespace):
     unknown = [n for n in names if n not in registry()]
     if unknown:
         raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
+    check_drafter_flags(args, list(dict.fromkeys(names)))
     spec = spec_config(args)
     if str(args.device).startswith("cuda"):
         import torch
@@ -99,10 +100,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port (uvicorn's own error for one out of range is a traceback after the model loads)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {port}")
+    return port
+
+
 def register(subparsers, name: str) -> None:
     parser = subparsers.add_parser(name, help="OpenAI-compatible HTTP server with batched speculative decoding")
     add_server_args(parser)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=_port, default=8000)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=cmd_serve)

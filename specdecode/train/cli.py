@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
+from ..cli import device_arg
 from ..config import ConfigError
 
 
@@ -20,7 +22,7 @@ def register(subparsers, name: str) -> None:
     parser.add_argument("--model", default=None, help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--out", required=True, help="output directory (head, checkpoint, data cache)")
     parser.add_argument("--data", default=None, help="data cache directory (default OUT/data); reused when present")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     data = parser.add_argument_group("data (used when the data cache is built)")
     data.add_argument("--num-prompts", type=int, default=2000, help="built-in training prompts answered by the target")
@@ -54,7 +56,13 @@ def _validate(args: argparse.Namespace) -> None:
                 "--max-new-tokens": args.max_new_tokens > 0, "--gen-batch": args.gen_batch > 0,
                 "--max-len": args.max_len >= 8, "--draft-vocab": args.draft_vocab > 0, "--epochs": args.epochs > 0,
                 "--batch-tokens": args.batch_tokens > 0, "--lr": args.lr > 0, "--ttt-steps": args.ttt_steps >= 1,
-                "--heads": args.heads >= 1, "--checkpoint-every": args.checkpoint_every >= 1}
+                "--heads": args.heads >= 1, "--checkpoint-every": args.checkpoint_every >= 1,
+                "--max-steps": args.max_steps >= 0, "--max-minutes": 0 <= args.max_minutes < math.inf,
+                "--gen-minutes": 0 <= args.gen_minutes < math.inf, "--text-tokens": args.text_tokens >= 0,
+                "--temperature": 0 <= args.temperature < math.inf}
+    positive.update({flag: ok and math.isfinite(value)  # inf epochs or lr would train forever or to NaN
+                     for flag, ok, value in (("--epochs", positive["--epochs"], args.epochs),
+                                             ("--lr", positive["--lr"], args.lr))})
     bad = [flag for flag, ok in positive.items() if not ok]
     if bad:
         raise ConfigError(f"invalid value for {', '.join(bad)}")
@@ -63,6 +71,13 @@ def _validate(args: argparse.Namespace) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
+    for flag, value in (("--out", args.out), ("--data", args.data)):
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise ConfigError(f"{flag} {value!r} exists and is not a directory")
+    try:  # before the model loads and data is generated, not after
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create --out {args.out!r}: {error.strerror or error}") from None
 
 
 def run(args: argparse.Namespace) -> int:

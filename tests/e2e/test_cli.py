@@ -47,6 +47,35 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--top-p", "0", "hi"], "top-p"),
     (["generate", "--lookahead", "1,6", "hi"], "expected three integers W,N,G"),
     (["generate", "--drafter", "lookahead", "--lookahead", "1,1,2", "--max-new-tokens", "4", "hi"], "ngram >= 2"),
+    # found by the CLI audit: each was a traceback, or a flag accepted and silently ignored
+    (["generate", "--temperature", "inf", "hi"], "temperature must be >= 0 and finite"),
+    (["generate", "--device", "foo", "hi"], "expected cpu, cuda or cuda:N"),
+    (["generate", "--exit-layer", "3", "hi"], "--exit-layer has no effect with --drafter auto (here: prompt-lookup)"),
+    (["generate", "--drafter", "prompt-lookup", "--lookahead", "1,4,1", "hi"], "--lookahead has no effect"),
+    (["generate", "--drafter", "none", "--draft-model", "x", "hi"], "--draft-model has no effect"),
+    (["generate", "--draft-weights", "int8", "hi"], "--draft-weights has no effect"),
+    (["generate", "--drafter", "eagle", "--confidence", "0.5", "hi"], "--confidence has no effect"),
+    (["generate", "--max-k", "8", "hi"], "--max-k has no effect without --adaptive"),
+    (["generate", "--adaptive", "--k", "6", "--max-k", "3", "hi"], "--max-k (3) must be >= --k (6)"),
+    (["generate", "--top-p", "0.9", "hi"], "--top-p has no effect with greedy decoding"),
+    (["generate", "--seed", "1", "--top-k", "5", "hi"], "--top-k, --seed has no effect with greedy decoding"),
+    (["serve", "--port", "99999"], "port must be in 0..65535"),
+    (["serve", "--drafter", "prompt-lookup", "--exit-layer", "3"], "--exit-layer has no effect"),
+    (["bench", "--methods", "", "--out", "/tmp/specdecode-cli-test-unused"], "--methods is empty"),
+    (["bench", "--methods", ",", "--out", "/tmp/specdecode-cli-test-unused"], "--methods is empty"),
+    (["bench", "--methods", "specdecode-none", "--exit-layer", "2", "--out", "/tmp/specdecode-cli-test-unused"],
+     "--exit-layer has no effect on the chosen methods"),
+    (["bench", "--methods", "specdecode-none", "--head", "eagle=/nope", "--out", "/tmp/specdecode-cli-test-unused"],
+     "--head eagle= has no effect"),
+    (["bench", "--head", "none=/nope", "--out", "/tmp/specdecode-cli-test-unused"], "--head expects DRAFTER=DIR"),
+    (["bench", "--temperature", "inf", "--out", "/tmp/specdecode-cli-test-unused"], "temperature must be >= 0"),
+    (["train", "--kind", "eagle", "--out", "/tmp/specdecode-cli-test-unused", "--max-steps", "-1", "--lr", "inf"],
+     "invalid value for --lr, --max-steps"),
+    (["train", "--kind", "eagle", "--out", "/tmp/specdecode-cli-test-unused", "--device", "foo"], "expected cpu, cuda"),
+    (["bench-fastpath", "--device", "cpu", "--qs", "a"], "--qs expects comma-separated positive integers"),
+    (["bench-fastpath", "--device", "cpu", "--qs", "0"], "--qs expects comma-separated positive integers"),
+    (["bench-fastpath", "--device", "cpu", "--drafters", "nope"], "unknown or unsupported drafter 'nope'"),
+    (["bench-fastpath", "--device", "cpu", "--model", "x", "--random-config", "smollm2-135m"], "exclude each other"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, capsys):
     try:
@@ -95,3 +124,31 @@ def test_streaming_text_then_metrics(tiny_model_dir, capsys):
     assert main(["generate", "--model", tiny_model_dir, "--max-new-tokens", "12", "--drafter", "none", "abc"]) == 0
     stdout = capsys.readouterr().out
     assert "target passes" in stdout and "tau 1.00" in stdout
+
+
+def test_unusable_files_and_dirs_are_one_line_exit_2(tmp_path, capsys):
+    """A file that is not a GGUF, and output directories that cannot be created, were tracebacks."""
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a gguf")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = [
+        (["generate", "--model", str(junk), "hi"], "could not convert"),
+        (["bench", "--methods", "specdecode-none", "--out", str(a_file / "sub")], "cannot create --out"),
+        (["train", "--kind", "eagle", "--out", str(a_file)], "exists and is not a directory"),
+        (["train", "--kind", "eagle", "--out", str(a_file / "sub")], "cannot create --out"),
+        (["train", "--kind", "eagle", "--out", str(tmp_path / "out"), "--data", str(a_file)],
+         "exists and is not a directory"),
+    ]
+    for args, needle in cases:
+        assert main(args) == 2, args
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, lines)
+
+
+def test_bench_head_given_for_a_run_method_is_not_skipped(tiny_model_dir, tmp_path, capsys):
+    """--head DRAFTER=DIR that cannot be used is an error, not a silently skipped method."""
+    code = main(["bench", "--model", tiny_model_dir, "--head", f"eagle={tmp_path / 'nope'}", "--limit", "1",
+                 "--out", str(tmp_path / "out"), "--no-progress", "--max-new-tokens", "2"])  # all methods
+    stderr = capsys.readouterr().err.strip()
+    assert code == 2 and "specdecode-eagle" in stderr and len(stderr.splitlines()) == 1
