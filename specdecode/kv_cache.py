@@ -138,12 +138,6 @@ class RollbackCache(Cache):
                 layer.keys[row, :, first_slot:end] = layer.keys[row, :, index]
                 layer.values[row, :, first_slot:end] = layer.values[row, :, index]
 
-    def copy_row(self, source: int, target: int, length: int) -> None:
-        for layer in self.layers:
-            if layer.is_initialized:
-                layer.keys[target, :, :length] = layer.keys[source, :, :length]
-                layer.values[target, :, :length] = layer.values[source, :, :length]
-
     def row_view(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first `length` slots of a row for every layer (for tests and debugging)."""
         return [(layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in self.layers]

@@ -49,6 +49,17 @@ def test_first_tokens_follow_target(name, target, exact):
     assert chi2_pvalue(pairs, exact) > 1e-3
 
 
+# far from temperature 1 (and with top-k), where a q or p that missed the transform is far from the right one
+COLD = SamplingConfig(temperature=0.4, top_k=6)
+
+
+@pytest.mark.parametrize("name", ["draft-model", "layer-skip"])  # drawn q
+def test_first_tokens_follow_target_when_cold(name, target):
+    spec = SpecConfig(k=2)
+    engine = Engine(target, build(name, target, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES, COLD), exact_pairs(target, COLD)) > 1e-3
+
+
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
 def test_broken_verifier_is_detected(name, target, exact, monkeypatch):
     spec = SpecConfig(k=2)

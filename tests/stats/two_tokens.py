@@ -2,6 +2,8 @@
 prompt lookup drafts from it), and the exact joint distribution of the first two generated tokens."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig
@@ -19,21 +21,21 @@ def tiny_target() -> Target:
     return Target(tiny_llama(vocab_size=VOCAB, layers=3, hidden=32, seed=5, std=0.2, eos_token_id=None))
 
 
-def exact_pairs(target: Target) -> dict[tuple[int, int], float]:
-    """P(t1, t2 | PROMPT) under the target with SAMPLING's transform."""
+def exact_pairs(target: Target, sampling: SamplingConfig = SAMPLING) -> dict[tuple[int, int], float]:
+    """P(t1, t2 | PROMPT) under the target with the sampling transform."""
     with torch.no_grad():
-        first = probabilities(target.model(torch.tensor([PROMPT])).logits[0, -1], SAMPLING)  # [V]
+        first = probabilities(target.model(torch.tensor([PROMPT])).logits[0, -1], sampling)  # [V]
         second = probabilities(target.model(torch.tensor([PROMPT + [t] for t in range(VOCAB)])).logits[:, -1],
-                               SAMPLING)  # [V, V]
+                               sampling)  # [V, V]
     return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)
             if first[a] * second[a, b] > 0}
 
 
-def sample_pairs(engine: Engine, samples: int) -> list[tuple[int, int]]:
+def sample_pairs(engine: Engine, samples: int, sampling: SamplingConfig = SAMPLING) -> list[tuple[int, int]]:
     """The first two tokens of `samples` generations, seeds 0..samples-1 (3 tokens asked: no length cut)."""
     pairs = []
     for seed in range(samples):
-        sampling = SamplingConfig(temperature=SAMPLING.temperature, top_p=SAMPLING.top_p, seed=seed)
-        out = engine.generate(PROMPT, sampling, GenerationConfig(max_new_tokens=3, stop_on_eos=False)).token_ids
+        seeded = dataclasses.replace(sampling, seed=seed)
+        out = engine.generate(PROMPT, seeded, GenerationConfig(max_new_tokens=3, stop_on_eos=False)).token_ids
         pairs.append((out[0], out[1]))
     return pairs

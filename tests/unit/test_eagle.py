@@ -174,3 +174,26 @@ def test_graft_chain_shares_existing_prefix(tokens, parents, chain, out_tokens, 
 
     grafted = eagle.graft_chain(Draft(tokens, parents), chain)
     assert (grafted.tokens, grafted.parents) == (out_tokens, out_parents)
+
+
+@torch.no_grad()
+def test_every_tree_candidate_scores_its_own_path(small):
+    """With a node budget above the candidate count every candidate of every depth is kept, so each expanded
+    frontier row (which parent's output feeds which child) is checked against the sequential computation."""
+    drafter = eagle.untrained(small, eagle.TreeBudget(top_k=2, depth=4, nodes=64, copy_branch=False), seed=1)
+    tokens = [5, 2, 9, 9, 1, 7]
+    block = build_block([0], [tokens[:-1]], [list(range(-1, len(tokens) - 2))], 0, "cpu")
+    hidden = small.forward(small.new_cache(), [0], block, hidden=True).hidden[0]  # [t - 1, h]
+    seq = SequenceContext(0, tokens, 0, 4, SamplingConfig(), make_generator(0, "cpu"), hidden=hidden)
+    drafter.start(seq)
+    drafter._feed_committed(seq, seq.state)
+    draft, scores = drafter._expand(seq.state, 4)
+    assert len(draft) == 2 + 4 + 4 + 4 and draft.depth == 4  # per depth: top_k children of the top_k best
+    for node in range(len(draft)):
+        path, walk = [], node
+        while walk >= 0:
+            path.insert(0, draft.tokens[walk])
+            walk = draft.parents[walk]
+        outs = sequential(drafter.net, drafter.vocab, hidden, tokens, path)
+        expected = sum(float(drafter.vocab.logits(outs[d]).log_softmax(-1)[path[d]]) for d in range(len(path)))
+        assert abs(expected - float(scores[node])) < 1e-4, path

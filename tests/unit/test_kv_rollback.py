@@ -70,3 +70,19 @@ def test_compaction_moves_the_accepted_path(tiny_target):
     layer.keys[0, :, :, 0] = torch.arange(16, dtype=torch.float32)
     cache.compact(0, [7, 9], 5)
     assert layer.keys[0, 0, :, 0].tolist()[4:8] == [4.0, 7.0, 9.0, 7.0]
+
+
+def test_growing_keeps_every_slot_of_every_row(tiny_target):
+    """ensure() doubles capacity (and adds rows) mid-generation: all cached slots, the last included, survive."""
+    cache = tiny_target.new_cache(rows=2, capacity=8)
+    for layer in cache.layers:
+        layer.lazy_initialization(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))
+        layer.keys[:, :, :, 0] = torch.arange(16, dtype=torch.float32).reshape(2, 1, 8)
+        layer.values[:, :, :, 1] = -torch.arange(16, dtype=torch.float32).reshape(2, 1, 8)
+    cache.ensure(3, 9)
+    assert (cache.num_rows, cache.capacity) == (3, 16)
+    for layer in cache.layers:
+        assert layer.keys.shape[0] == 3 and layer.keys.shape[2] == 16
+        assert layer.keys[:2, 0, :8, 0].flatten().tolist() == list(range(16))
+        assert layer.values[:2, 1, :8, 1].flatten().tolist() == [-float(i) for i in range(16)]
+        assert not layer.keys[2].any() and not layer.keys[:, :, 8:].any()

@@ -249,3 +249,30 @@ def test_row_cost_from_the_config_or_the_target():
     assert build_drafter(target, DrafterConfig("lookahead", row_cost=0.5)).row_cost == 0.5
     with pytest.raises(ConfigError):
         LookaheadConfig(row_cost=-1.0)
+
+
+def test_jacobi_update_takes_the_last_level_and_harvests_whole_columns():
+    """W = 2, N = 3 (two levels). Each update's new level is the argmax at the LAST level's rows; from the second
+    update on, each column (level0, level1, new) is an n-gram for the pool, with its left context."""
+    seq = _ctx([40, 41], k=2)
+    drafter = Lookahead(LookaheadConfig(window=2, ngram=3, candidates=1, row_cost=0.0))
+    drafter.start(seq)
+    state = seq.state
+    state.root, state.levels = 41, [[20, 21], [22, 23]]
+
+    def logits(level0: list[int], level1: list[int]) -> torch.Tensor:  # [levels * W, vocab], level-major
+        out = torch.zeros(4, 48)
+        for row, token in enumerate(level0 + level1):
+            out[row, token] = 1.0
+        return out
+
+    def harvested() -> dict[int, list[tuple[int, ...]]]:
+        return {t: [c.tokens for c in state.pool.lookup(t, 4) if c.from_window] for t in range(48)
+                if any(c.from_window for c in state.pool.lookup(t, 4))}
+
+    drafter.observe_aux(seq, logits([1, 2], [3, 4]))
+    assert state.levels == [[22, 23], [3, 4]] and harvested() == {}
+    drafter.observe_aux(seq, logits([5, 6], [7, 8]))
+    assert state.levels == [[3, 4], [7, 8]]
+    assert harvested() == {22: [(3, 7)], 23: [(4, 8)]}
+    assert state.pool.lookup(22, 1, context=41)[0].matched and state.pool.lookup(23, 1, context=22)[0].matched

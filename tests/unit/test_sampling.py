@@ -14,12 +14,33 @@ def test_top_k_keeps_k_largest():
     assert torch.allclose(probs[1:3], torch.tensor([3.0, 2.0]).softmax(0))
 
 
+@pytest.mark.parametrize("top_k, kept", [(1, [1]), (3, [0, 1, 2]), (4, [0, 1, 2, 3]), (9, [0, 1, 2, 3])])
+def test_top_k_boundaries(top_k, kept):
+    """top_k = vocab - 1 still drops one token; top_k >= vocab keeps all."""
+    probs = probabilities(torch.tensor([1.0, 3.0, 2.0, 0.0]), SamplingConfig(temperature=1.0, top_k=top_k))
+    assert (probs > 0).nonzero().flatten().tolist() == kept
+
+
 def test_top_p_keeps_smallest_prefix_reaching_p():
     probs_in = torch.tensor([0.5, 0.3, 0.15, 0.05])
     probs = probabilities(probs_in.log(), SamplingConfig(temperature=1.0, top_p=0.8))
     assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
     probs = probabilities(probs_in.log(), SamplingConfig(temperature=1.0, top_p=0.81))
     assert probs[2] > 0 and probs[3] == 0
+
+
+def test_top_p_on_unsorted_rows():
+    """The keep/drop decision is made in sorted order and must land back on the right token ids, per row."""
+    probs_in = torch.tensor([[0.05, 0.3, 0.15, 0.5], [0.3, 0.05, 0.5, 0.15]])
+    probs = probabilities(probs_in.log(), SamplingConfig(temperature=1.0, top_p=0.8))
+    assert torch.allclose(probs, torch.tensor([[0.0, 0.375, 0.0, 0.625], [0.375, 0.0, 0.625, 0.0]]))
+
+
+def test_top_p_drops_a_token_whose_mass_before_equals_p():
+    """Exact boundary (four equal logits: probabilities 0.25, sums exact in float): the third token has 0.5 of
+    mass before it, which already reaches top_p = 0.5, so it is dropped; two tokens stay."""
+    probs = probabilities(torch.zeros(4), SamplingConfig(temperature=1.0, top_p=0.5))
+    assert sorted(probs.tolist()) == [0.0, 0.0, 0.5, 0.5]
 
 
 def test_temperature_sharpens():

@@ -1,0 +1,104 @@
+"""The loop's bookkeeping with drafts whose outcome is known in advance (an oracle drafter that proposes the
+true continuation, wrong from a chosen depth on): exact metrics (tau, acceptance, per position), the length
+budget, and EOS inside a draft or as the target's own token. Greedy equivalence alone cannot see these."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters.base import BaseDrafter, Draft
+from specdecode.drafters.none import SPEC as NONE_SPEC
+from specdecode.engine import Engine, StopText
+from specdecode.metrics import GenerationMetrics
+from specdecode.target import Target
+from tests.tiny import byte_tokenizer, tiny_llama
+
+PROMPT = [5, 9, 3, 7, 1]
+SPEC = SpecConfig(k=3, pause_on_time=False, pause_below=0)  # fixed K: nothing depends on timing or acceptance
+
+
+class Oracle(BaseDrafter):
+    """Proposes a chain of seq.k tokens: the first `right` are the true continuation, the rest wrong."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], prompt_len: int, right: int):
+        self.truth, self.prompt_len, self.right = truth, prompt_len, right
+        self.observed: list[int] = []
+
+    def observe(self, seq, accepted: int) -> None:
+        self.observed.append(accepted)
+
+    def propose(self, seqs):
+        drafts = []
+        for seq in seqs:
+            done = len(seq.tokens) - self.prompt_len
+            true = self.truth[done : done + seq.k]
+            drafts.append(Draft.chain([t if i < self.right else (t + 1) % 64 for i, t in enumerate(true)]))
+        return drafts
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    return Target(tiny_llama(vocab_size=64, layers=2, hidden=32, seed=2, std=0.3, eos_token_id=None))
+
+
+def plain(target: Target, n: int) -> list[int]:
+    engine = Engine(target, NONE_SPEC.build(target, None, SPEC), SPEC)
+    return engine.generate(PROMPT, SamplingConfig(), GenerationConfig(max_new_tokens=n, stop_on_eos=False)).token_ids
+
+
+def test_metrics_count_exactly(target):
+    """20 tokens, K = 3, the first 2 draft tokens right: six steps commit 2 + 1 tokens (17 -> 2 left), the
+    seventh drafts min(K, 2 - 1) = 1 token, accepted, + 1: 7 passes, 19 proposed, 13 accepted."""
+    truth = plain(target, 20)
+    drafter = Oracle(truth, len(PROMPT), right=2)
+    engine = Engine(target, drafter, SPEC)
+    result = engine.generate(PROMPT, SamplingConfig(), GenerationConfig(max_new_tokens=20, stop_on_eos=False))
+    m = result.metrics
+    assert drafter.observed == [2] * 6  # accepted DRAFT tokens per step; the finishing step is not observed
+    assert result.token_ids == truth and result.finish_reason == "length"
+    assert (m.new_tokens, m.target_passes, m.proposed, m.accepted) == (20, 7, 19, 13)
+    assert m.tau == pytest.approx(20 / 7)
+    assert m.acceptance_rate == pytest.approx(13 / 19)
+    assert (m.proposed_at, m.accepted_at) == ([7, 6, 6], [7, 6, 0])
+    assert m.acceptance_by_position == [1.0, 1.0, 0.0]
+
+
+def test_metrics_table():
+    m = GenerationMetrics()
+    m.observe(depth=4, accepted=4, committed=5)  # all accepted + bonus
+    m.observe(depth=2, accepted=0, committed=1)  # first rejected
+    m.observe(depth=0, accepted=0, committed=1)  # plain step
+    assert (m.new_tokens, m.target_passes, m.proposed, m.accepted) == (7, 3, 6, 4)
+    assert m.tau == pytest.approx(7 / 3)
+    assert m.acceptance_by_position == [0.5, 0.5, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("at", [1, 3, 5], ids=["inside-draft", "bonus-token", "second-step"])
+def test_eos_cuts_the_step_where_it_appears(target, at):
+    """With K = 3 all right, a step commits 4 tokens: EOS as an accepted draft token (1), as the target's own
+    bonus token (3), or in the second step (5). The output ends with it, and decoding stops there."""
+    truth = plain(target, 12)
+    assert truth[at] not in truth[:at], "pick a prompt/model whose EOS candidate first appears at `at`"
+    eos_target = Target(target.model)
+    eos_target.eos_ids = frozenset({truth[at]})
+    engine = Engine(eos_target, Oracle(truth, len(PROMPT), right=3), SPEC)
+    result = engine.generate(PROMPT, SamplingConfig(), GenerationConfig(max_new_tokens=12, stop_on_eos=True))
+    assert result.token_ids == truth[: at + 1]
+    assert result.finish_reason == "eos"
+    assert result.metrics.new_tokens == at + 1
+
+
+@pytest.mark.parametrize("pieces", [["hello ", "ST", "O", "P world"], ["hello S", "TOP"], ["hello STOP"],
+                                    list("hello STOP world")])
+def test_stop_string_is_cut_whatever_the_token_boundaries(pieces):
+    tokenizer = byte_tokenizer()
+    text = StopText(tokenizer, ("STOP",))
+    out, stopped = "", False
+    for i, piece in enumerate(pieces):
+        delta, stopped = text.push(tokenizer(piece)["input_ids"], final=i == len(pieces) - 1)
+        out += delta
+        if stopped:
+            break
+    assert stopped and out == "hello "
