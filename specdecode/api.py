@@ -5,13 +5,17 @@
 """
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from dataclasses import dataclass
+from os import PathLike, fspath
+from types import SimpleNamespace
 from typing import Iterator
 
 import torch
 
+from .cli import check_drafter_flags, device_arg
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from .drafters import AUTO, DrafterConfig, build_drafter
+from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter
 from .engine import Engine, Result, Sequence, TextChunk
 from .fast import FastPathConfig
 from .models import load_model
@@ -32,7 +36,12 @@ class SpecDecoder:
              draft_weights: str = "auto", exit_layer: int | None = None, lookahead: tuple[int, int, int] | None = None,
              spec: SpecConfig | None = None, device: str = "cpu",
              dtype: str = "float32", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
-        spec = spec or SpecConfig()
+        spec = spec if spec is not None else SpecConfig()
+        _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
+        model = fspath(model) if model is not None else None  # a pathlib.Path works too
+        check_drafter_flags(SimpleNamespace(exit_layer=exit_layer, lookahead=lookahead, draft_model=draft_model,
+                                            draft_weights=draft_weights, confidence=spec.confidence),
+                            [best_drafter_name(device.partition(":")[0]) if drafter == AUTO else drafter])
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
         loaded = load_model(model, device=device, dtype=dtype)
@@ -51,6 +60,7 @@ class SpecDecoder:
 
     def encode(self, prompt: str | list[dict], chat: bool = False) -> list[int]:
         """Text (or chat messages) -> prompt token ids; chat applies the model's chat template."""
+        _check_prompt(prompt, chat)
         if isinstance(prompt, str) and not prompt.strip():
             raise ConfigError("the prompt is empty")
         if chat or not isinstance(prompt, str):
@@ -64,9 +74,63 @@ class SpecDecoder:
 
     def stream(self, prompt: str | list[dict], *, chat: bool = False, sampling: SamplingConfig | None = None,
                generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, TextChunk]]:
+        """Checks its arguments when called (not at the first next()), then decodes lazily."""
+        for name, value, kind in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig)):
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(f"{name} must be a {kind.__name__} or None, got {type(value).__name__}")
+        _check_greedy(sampling or SamplingConfig())
         return self.engine.stream_text(self.encode(prompt, chat), sampling, generation)
 
     def generate(self, prompt: str | list[dict], *, chat: bool = False, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> Result:
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        return self.engine.generate(self.encode(prompt, chat), sampling, GenerationConfig(max_new_tokens=max_new_tokens))
+        generation = GenerationConfig(max_new_tokens=max_new_tokens)
+        _check_greedy(sampling)
+        return self.engine.generate(self.encode(prompt, chat), sampling, generation)
+
+
+def _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast) -> None:
+    """load()'s arguments, before anything loads (a wrong type was a TypeError from deep inside torch)."""
+    if model is not None and not isinstance(model, (str, PathLike)):
+        raise ConfigError(f"model must be a path, hub id or None, got {model!r}")
+    if not isinstance(drafter, str):
+        raise ConfigError(f"drafter must be a name (str), got {drafter!r}")
+    if exit_layer is not None and (isinstance(exit_layer, bool) or not isinstance(exit_layer, int)):
+        raise ConfigError(f"exit_layer must be an integer or None, got {exit_layer!r}")
+    if lookahead is not None and (not isinstance(lookahead, (tuple, list)) or len(lookahead) != 3
+                                  or not all(isinstance(x, int) and not isinstance(x, bool) for x in lookahead)):
+        raise ConfigError(f"lookahead must be three integers (window, ngram, candidates), got {lookahead!r}")
+    if not isinstance(spec, SpecConfig):
+        raise ConfigError(f"spec must be a SpecConfig, got {type(spec).__name__}")
+    if not isinstance(device, str):
+        raise ConfigError(f"device must be a string (cpu, cuda or cuda:N), got {device!r}")
+    try:
+        device_arg(device)
+    except ArgumentTypeError as error:
+        raise ConfigError(f"device: {error}") from None
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ConfigError(f"max_batch must be a positive integer, got {max_batch!r}")
+    if fast is not None and not isinstance(fast, FastPathConfig):
+        raise ConfigError(f"fast must be a FastPathConfig or None, got {fast!r}")
+
+
+def _check_prompt(prompt, chat) -> None:
+    if not isinstance(chat, bool):
+        raise ConfigError(f"chat must be True or False, got {chat!r}")
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, list) or not prompt:
+        raise ConfigError(f"prompt must be a string or a non-empty list of chat messages, got {prompt!r:.80}")
+    for message in prompt:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise ConfigError(f"a chat message must be a dict with string 'role' and 'content', got {message!r:.80}")
+
+
+def _check_greedy(sampling: SamplingConfig) -> None:
+    """Greedy decoding reads no top_p, top_k or seed: one given would be silently ignored."""
+    if sampling.greedy:
+        ignored = [name for name, on in (("top_p", sampling.top_p != 1.0), ("top_k", sampling.top_k != 0),
+                                         ("seed", sampling.seed is not None)) if on]
+        if ignored:
+            raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set temperature > 0")

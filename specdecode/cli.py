@@ -32,8 +32,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
 
     parser.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
-                        help=f"drafting method ({AUTO}: the best measured one for the device, eagle on CPU with "
-                             "a shipped head, else prompt-lookup)")
+                        help=f"drafting method ({AUTO}: the best measured one for the device, "
+                             "drafters.BEST_DRAFTER: prompt-lookup today)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
     parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
                         help="draft-model: int8 weights (auto: on the CPU, where measured faster) or the target's dtype")

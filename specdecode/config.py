@@ -9,6 +9,20 @@ class ConfigError(ValueError):
     """A user-facing configuration error: the CLI prints it as one line and exits 2."""
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+_NUMBER, _INT, _BOOL, _STRINGS = ((int, float), "a number"), (int, "an integer"), (bool, "True or False"), \
+    ((tuple, list), "a tuple of strings")
+
+
+def _check_types(owner: str, **fields: tuple[object, tuple[type | tuple[type, ...], str]]) -> None:
+    """A library caller's wrong type is a ConfigError here, not a TypeError deep in torch (bool is no number)."""
+    for name, (value, (kind, what)) in fields.items():
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            raise ConfigError(f"{owner}: {name} must be {what}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How target (p) and draft (q) logits become probabilities. temperature == 0 means greedy.
@@ -23,6 +37,12 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        _check_types("sampling", temperature=(self.temperature, _NUMBER), top_k=(self.top_k, _INT),
+                     top_p=(self.top_p, _NUMBER))
+        if self.seed is not None:
+            _check_types("sampling", seed=(self.seed, _INT))
+            if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+                raise ConfigError(f"seed must be in {SEED_RANGE[0]}..{SEED_RANGE[1]}, got {self.seed}")
         if not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < 0:
@@ -68,6 +88,8 @@ class SpecConfig:
     pause_time_margin: float = 0.05
 
     def __post_init__(self) -> None:
+        _check_types("spec", k=(self.k, _INT), min_k=(self.min_k, _INT), max_k=(self.max_k, _INT),
+                     confidence=(self.confidence, _NUMBER))
         if self.k <= 0:
             raise ConfigError(f"k must be a positive integer, got {self.k}")
         if not 1 <= self.min_k <= self.max_k:
@@ -92,5 +114,9 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        _check_types("generation", max_new_tokens=(self.max_new_tokens, _INT), stop_on_eos=(self.stop_on_eos, _BOOL),
+                     stop_strings=(self.stop_strings, _STRINGS))
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        if not all(isinstance(s, str) and s for s in self.stop_strings):  # "" would be dropped, not matched
+            raise ConfigError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")

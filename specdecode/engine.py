@@ -93,8 +93,8 @@ class Engine:
         self.validate(prompt_ids, generation)
         if not self._free_rows:
             raise RuntimeError("no free batch row")
+        generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         row = self._free_rows.pop(0)
-        generator = make_generator(sampling.seed, self.target.device)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
         self._next_id += 1
         seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))

@@ -152,3 +152,51 @@ def test_bench_head_given_for_a_run_method_is_not_skipped(tiny_model_dir, tmp_pa
                  "--out", str(tmp_path / "out"), "--no-progress", "--max-new-tokens", "2"])  # all methods
     stderr = capsys.readouterr().err.strip()
     assert code == 2 and "specdecode-eagle" in stderr and len(stderr.splitlines()) == 1
+
+
+# bench-serve audit: each was a traceback (after the whole run, for --out), a hang-free but silent override, or
+# a flag accepted and ignored; all fail before a model loads
+@pytest.mark.parametrize("args,needle", [
+    (["bench-serve", "--out", "/no/such/dir/table.md"], "cannot write --out '/no/such/dir/table.md': directory"),
+    (["bench-serve", "--out", "/"], "is a directory"),
+    (["bench-serve", "--url", "notaurl", "--served-model-name", "m"], "--url must be http://HOST[:PORT]"),
+    (["bench-serve", "--url", "http://127.0.0.1:1", "--served-model-name", "m", "--concurrency", "1"],
+     "cannot reach the server at http://127.0.0.1:1"),
+    (["bench-serve", "--url", "http://127.0.0.1:1", "--model", "x", "--k", "3"], "--model, --k has no effect with --url"),
+    (["bench-serve", "--allow-drafters", "layer-skip"], "--allow-drafters has no effect in bench-serve"),
+    (["bench-serve", "--default-max-tokens", "8"], "--default-max-tokens has no effect in bench-serve"),
+    (["bench-serve", "--drafter", "none"], "--drafter none: bench-serve compares speculation on and off"),
+    (["bench-serve", "--concurrency", "1,4", "--requests", "2"], "--requests (2) is below --concurrency 4"),
+    (["bench-serve", "--concurrency", "4", "--max-queue", "2"], "--max-queue (2) is below --concurrency 4"),
+])
+def test_bench_serve_bad_input_is_one_line_exit_2(args, needle, capsys):
+    test_bad_input_is_one_line_exit_2(args, needle, capsys)
+
+
+def test_bench_serve_keeps_the_given_max_batch(monkeypatch, capsys):
+    """--max-batch / --max-queue were silently raised to the largest --concurrency; a given value is kept."""
+    from specdecode.config import ConfigError
+
+    seen = {}
+
+    def fake_build_service(args):
+        seen.update(max_batch=args.max_batch, max_queue=args.max_queue)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr("specdecode.server.cli.build_service", fake_build_service)
+    assert main(["bench-serve", "--concurrency", "1,16", "--max-batch", "2"]) == 2
+    assert seen == {"max_batch": 2, "max_queue": 64}
+    assert main(["bench-serve", "--concurrency", "1,100"]) == 2  # not given: a row and a queue slot per client
+    assert seen == {"max_batch": 100, "max_queue": 100}
+    capsys.readouterr()
+
+
+def test_bench_serve_refused_request_is_one_line(short_context_dir, tmp_path, capsys):
+    """--max-tokens beyond the model's context: the server's 400 was a RuntimeError traceback."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n")
+    code = main(["bench-serve", "--model", short_context_dir, "--prompts", str(prompts), "--concurrency", "1",
+                 "--requests", "1", "--max-tokens", "100"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert "HTTP 400" in lines[0] and "exceeds the model's context of 64 tokens" in lines[0]

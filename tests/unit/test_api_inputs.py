@@ -1,0 +1,118 @@
+"""Library API (SpecDecoder): bad arguments raise ConfigError/ModelError with a clear message, never a TypeError
+from deep inside torch or the tokenizer, and nothing passed is silently ignored (tiny model saved to disk)."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode import SpecDecoder
+from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.models import ModelError
+
+from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_model_dir) -> SpecDecoder:
+    return SpecDecoder.load(tiny_model_dir, "prompt-lookup")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(drafter=None), "drafter must be a name"),
+    (dict(drafter="prompt-lookup", exit_layer=2), "--exit-layer has no effect with --drafter prompt-lookup"),
+    (dict(drafter="prompt-lookup", draft_model="x"), "--draft-model has no effect"),
+    (dict(drafter="prompt-lookup", lookahead=(1, 4, 1)), "--lookahead has no effect"),
+    (dict(drafter="prompt-lookup", draft_weights="int8"), "--draft-weights has no effect"),
+    (dict(drafter="auto", spec=SpecConfig(confidence=0.5)), "--confidence has no effect"),
+    (dict(drafter="layer-skip", exit_layer="2"), "exit_layer must be an integer"),
+    (dict(drafter="lookahead", lookahead=(1, 4)), "lookahead must be three integers"),
+    (dict(drafter="none", device="foo"), "expected cpu, cuda or cuda:N"),
+    (dict(drafter="none", device=None), "device must be a string"),
+    (dict(drafter="none", max_batch=0), "max_batch must be a positive integer"),
+    (dict(drafter="none", spec={"k": 3}), "spec must be a SpecConfig"),
+    (dict(drafter="none", fast=True), "fast must be a FastPathConfig"),
+])
+def test_load_refuses_bad_arguments(tiny_model_dir, kwargs, needle):
+    with pytest.raises(ConfigError) as error:
+        SpecDecoder.load(tiny_model_dir, **kwargs)
+    assert needle in str(error.value)
+
+
+def test_load_refuses_a_model_that_is_not_a_path():
+    with pytest.raises(ConfigError, match="model must be a path"):
+        SpecDecoder.load(123, "none")
+    with pytest.raises(ModelError, match="model not found"):
+        SpecDecoder.load("/no/such/model", "none")
+
+
+@pytest.mark.parametrize("config,needle", [
+    (lambda: SpecConfig(k=2.5), "k must be an integer"),
+    (lambda: SpecConfig(k="3"), "k must be an integer"),
+    (lambda: SamplingConfig(temperature="0.5"), "temperature must be a number"),
+    (lambda: SamplingConfig(temperature=1.0, top_k=2.5), "top_k must be an integer"),
+    (lambda: SamplingConfig(temperature=1.0, seed=2**70), "seed must be in"),
+    (lambda: SamplingConfig(temperature=1.0, seed="a"), "seed must be an integer"),
+    (lambda: GenerationConfig(max_new_tokens=True), "max_new_tokens must be an integer"),
+    (lambda: GenerationConfig(max_new_tokens=2.5), "max_new_tokens must be an integer"),
+    (lambda: GenerationConfig(stop_strings="ab"), "stop_strings must be a tuple of strings"),  # was 'a' or 'b'
+    (lambda: GenerationConfig(stop_strings=("",)), "stop_strings must be non-empty strings"),  # was dropped
+    (lambda: GenerationConfig(stop_on_eos="no"), "stop_on_eos must be True or False"),
+])
+def test_configs_refuse_wrong_types(config, needle):
+    with pytest.raises(ConfigError) as error:
+        config()
+    assert needle in str(error.value)
+
+
+@pytest.mark.parametrize("prompt,kwargs,needle", [
+    (None, {}, "prompt must be a string or a non-empty list of chat messages"),
+    (123, {}, "prompt must be a string"),
+    (b"hi", {}, "prompt must be a string"),
+    ([], {}, "non-empty list of chat messages"),
+    (["hi"], {}, "a chat message must be a dict"),
+    ([{"role": "user"}], {}, "a chat message must be a dict with string 'role' and 'content'"),
+    ("hi", dict(chat="yes"), "chat must be True or False"),
+    ("hi", dict(max_new_tokens=2.5), "max_new_tokens must be an integer"),
+    ("hi", dict(max_new_tokens=None), "max_new_tokens must be an integer"),
+    ("hi", dict(max_new_tokens=5000), "exceeds the model's context of 1024 tokens"),
+    ("hi", dict(top_p=0.9), "top_p has no effect with greedy decoding"),
+    ("hi", dict(top_k=5, seed=1), "top_k, seed has no effect with greedy decoding"),
+    ("hi", dict(temperature=None), "temperature must be a number"),
+    ("hi", dict(temperature=1.0, top_k=2.5), "top_k must be an integer"),
+    ("hi", dict(temperature=1.0, seed=2**70), "seed must be in"),
+])
+def test_generate_refuses_bad_arguments(decoder, prompt, kwargs, needle):
+    with pytest.raises(ConfigError) as error:
+        decoder.generate(prompt, **{"max_new_tokens": 2, **kwargs})
+    assert needle in str(error.value)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(sampling={"temperature": 1.0}), "sampling must be a SamplingConfig"),
+    (dict(generation={"max_new_tokens": 2}), "generation must be a GenerationConfig"),
+    (dict(sampling=SamplingConfig(top_p=0.5)), "top_p has no effect with greedy decoding"),
+])
+def test_stream_refuses_bad_arguments_when_called(decoder, kwargs, needle):
+    with pytest.raises(ConfigError) as error:
+        decoder.stream("hi", **kwargs)  # not deferred to the first next()
+    assert needle in str(error.value)
+
+
+def test_a_refused_call_leaves_the_decoder_usable(decoder):
+    """A seed torch cannot take raised after the engine had taken its only row: every later call then failed with
+    'no free batch row'."""
+    with pytest.raises(ConfigError):
+        decoder.generate("hi", temperature=1.0, seed=2**70, max_new_tokens=2)
+    assert len(decoder.generate("hi", max_new_tokens=2).token_ids) == 2
+    assert len(decoder.engine.generate([5, 6], SamplingConfig(temperature=1.0, seed=3),
+                                       GenerationConfig(max_new_tokens=2)).token_ids) == 2
+
+
+def test_chat_on_a_model_without_a_template(tmp_path):
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = None
+    plain = SpecDecoder.load(save_tiny(tmp_path, tiny_llama(layers=1), tokenizer), "none")
+    with pytest.raises(ConfigError, match="no chat template"):
+        plain.generate("hi", chat=True, max_new_tokens=2)
+    with pytest.raises(ConfigError, match="no chat template"):
+        plain.generate([{"role": "user", "content": "hi"}], max_new_tokens=2)
+    assert len(plain.generate("hi", max_new_tokens=2).token_ids) == 2
