@@ -43,3 +43,17 @@ def test_switch_is_scoped():
     config._attn_implementation = "eager"  # models on other kernels keep them
     with using_grouped_attention(config):
         assert config._attn_implementation == "eager"
+
+
+def test_grouped_attention_keeps_the_models_scaling():
+    """Models whose attention scale is not 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar, ...) get it too:
+    the default scale would pass the test above, whose scaling is the default."""
+    torch.manual_seed(1)
+    b, kv_heads, groups, q, d, s = 1, 2, 3, 4, 8, 9
+    query = torch.randn(b, kv_heads * groups, q, d)
+    key, value = torch.randn(b, kv_heads, s, d), torch.randn(b, kv_heads, s, d)
+    mask = torch.ones(b, 1, q, s, dtype=torch.bool)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=mask, scale=0.05).transpose(1, 2)
+    out, _ = grouped_sdpa_forward(_Module(), query, key, value, mask, scaling=0.05)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

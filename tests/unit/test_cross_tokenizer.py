@@ -132,3 +132,19 @@ def test_needs_both_tokenizers(pair):
     target, draft = pair
     with pytest.raises(ConfigError):
         CrossTokenizerDrafter(Target(draft.model), target)
+
+
+@pytest.mark.parametrize("confidence, drafts", [(0.0, True), (1e-6, True), (1.0, False)])
+def test_drafts_stay_within_k_and_stop_below_confidence(pair, confidence, drafts):
+    """Never more than K target ids per draft; the draft stops when its top probability falls below
+    `confidence` (1.0: always, so nothing is drafted; 1e-6: never)."""
+    target, draft = pair
+    drafter = CrossTokenizerDrafter(draft, target, confidence=confidence)
+    depths = []
+    propose = drafter.propose
+    drafter.propose = lambda seqs: [depths.append(d.depth) or d for d in propose(seqs)]
+    engine = Engine(target, drafter, SpecConfig(k=2, pause_on_time=False, pause_below=0.0))
+    for text in PROMPTS[:3]:
+        engine.generate(prompt_ids(target, text), generation=GenerationConfig(max_new_tokens=12))
+    assert depths and max(depths) <= 2
+    assert (max(depths) > 0) == drafts

@@ -41,3 +41,13 @@ def test_choice():
         wants_int8("int8", torch.device("cuda"))
     with pytest.raises(ConfigError, match="must be one of"):
         wants_int8("int4", cpu)
+
+
+@torch.inference_mode()
+def test_bias_is_kept():
+    """Draft models with biased projections (Qwen's q/k/v) keep their bias under int8 weights."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16, bias=True)
+    torch.nn.init.normal_(linear.bias, std=1.0)
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(Int8Linear(linear)(x), linear(x), rtol=0.05, atol=0.05)

@@ -113,3 +113,9 @@ def test_target_measures_once(monkeypatch, tiny_model):
     monkeypatch.setattr("specdecode.target.measure_row_cost", lambda target: calls.append(target) or 0.2)
     target = Target(tiny_model)
     assert (target.row_cost, target.row_cost, len(calls)) == (0.2, 0.2, 1)
+
+
+def test_best_depth_ties_go_deeper():
+    """A tie in tokens per cost goes to the deeper draft (free rows on a GPU: propose all that cannot lose)."""
+    assert DepthYield((0.5, 0.0)).best_depth(2, 0.0) == 2  # 1.5 tokens per pass either way
+    assert DepthYield((0.5, 0.0)).best_depth(2, 0.1) == 1  # the second row costs and earns nothing

@@ -79,3 +79,19 @@ def test_evidence_decays_back_to_the_prior():
         if policy.choose_k(1, [stats.estimate(policy, 4)]) > 0:
             break
     assert 5 < steps < 60
+
+
+def test_capped_length_applies_the_batch_cap_except_to_seeded_rows():
+    """The scheduler's per-step cap must reach the rows (else the policy decides nothing); a seeded sampled row
+    keeps its own K (its draws depend on K), and a row that does not speculate drafts nothing."""
+    from specdecode.config import SpecConfig
+    from specdecode.server.scheduler import CappedLength
+    from specdecode.speculation import SpeculationLength
+
+    inner = SpeculationLength(SpecConfig(k=6))
+    assert CappedLength(inner, None, True, cap=2).k == 2  # the engine's K, capped
+    assert CappedLength(inner, 4, True, cap=3).k == 3  # the request's K, capped
+    assert CappedLength(inner, 4, True, cap=0).k == 0  # the policy turned speculation off
+    assert CappedLength(inner, 4, True, cap=9).k == 4
+    assert CappedLength(inner, 4, True, cap=2, seeded=True).k == 4
+    assert CappedLength(inner, 4, False, cap=2).k == 0

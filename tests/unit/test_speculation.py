@@ -216,3 +216,25 @@ def test_seeded_sampling_ignores_step_times(tiny_target, tiny_tokenizer, monkeyp
     (fast_trace, fast_out), (slow_trace, slow_out) = runs
     assert 0 not in slow_trace  # never paused, never measured
     assert slow_trace == fast_trace and slow_out == fast_out
+
+
+def test_adaptive_k_grows_by_two_after_a_full_accept_and_shrinks_by_one_after_a_rejection():
+    length = SpeculationLength(SpecConfig(k=3, adaptive=True, min_k=1, max_k=8, pause_on_time=False))
+    ks = []
+    for accepted_all in (True, True, True, False, False, False, False, False, False):
+        k = length.k
+        length.update(drafted=k, accepted=k if accepted_all else 0, seconds=None, committed=1)
+        ks.append(length.k)
+    assert ks == [5, 7, 8, 7, 6, 5, 4, 3, 2]
+
+
+def test_acceptance_rule_pauses_only_below_the_threshold():
+    """pause_below is "fewer than" draft tokens per step: a window at exactly the threshold keeps drafting."""
+    at = policy(pause_below=0.5, pause_on_time=False)
+    for accepted in (1, 0, 1, 0):  # 2 accepted over 4 steps = 0.5 per step
+        at.update(drafted=at.k, accepted=accepted, seconds=None, committed=accepted + 1)
+    assert at.k == 4
+    below = policy(pause_below=0.5, pause_on_time=False)
+    for accepted in (1, 0, 0, 0):
+        below.update(drafted=below.k, accepted=accepted, seconds=None, committed=accepted + 1)
+    assert below.k == 0

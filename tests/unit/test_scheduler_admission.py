@@ -1,0 +1,29 @@
+"""Scheduler admission without a worker thread: a burst into an idle server fills the free rows AND the queue
+(max_queue counts requests waiting while every row is busy); one more is answered 429 (QueueFull)."""
+import asyncio
+
+import pytest
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.engine import Engine
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduler import Job, QueueFull, Scheduler, SchedulerConfig, Ticket
+
+
+def test_burst_fills_free_rows_and_queue_then_429(tiny_target):
+    spec = SpecConfig(k=2)
+    router = RoutingDrafter({"none": build_drafter(tiny_target, DrafterConfig(name="none"), spec)}, "none")
+    engine = Engine(tiny_target, router, spec, max_batch=2)
+    scheduler = Scheduler(engine, router, SchedulerConfig(max_batch=2, max_queue=1), ServerMetrics())
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job((5, 6, 7), SamplingConfig(), GenerationConfig(max_new_tokens=2), "none")
+        for _ in range(3):  # 2 free rows + 1 queued: all accepted (the worker is not running)
+            scheduler.submit(Ticket(job, loop))
+        with pytest.raises(QueueFull):
+            scheduler.submit(Ticket(job, loop))
+        assert scheduler.queued == 3
+    finally:
+        loop.close()
