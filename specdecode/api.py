@@ -5,17 +5,14 @@
 """
 from __future__ import annotations
 
-from argparse import ArgumentTypeError
 from dataclasses import dataclass
 from os import PathLike, fspath
-from types import SimpleNamespace
 from typing import Iterator
 
 import torch
 
-from .cli import check_drafter_flags, device_arg
-from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter
+from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, check_device
+from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, check_options_read
 from .engine import Engine, Result, Sequence, TextChunk
 from .fast import FastPathConfig
 from .models import load_model
@@ -39,9 +36,10 @@ class SpecDecoder:
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         model = fspath(model) if model is not None else None  # a pathlib.Path works too
-        check_drafter_flags(SimpleNamespace(exit_layer=exit_layer, lookahead=lookahead, draft_model=draft_model,
-                                            draft_weights=draft_weights, confidence=spec.confidence),
-                            [best_drafter_name(device.partition(":")[0]) if drafter == AUTO else drafter])
+        given = {"--exit-layer": exit_layer is not None, "--lookahead": lookahead is not None,
+                 "--draft-model": draft_model is not None, "--draft-weights": draft_weights != "auto",
+                 "--confidence": spec.confidence != 0}
+        check_options_read(given, [best_drafter_name(device.partition(":")[0]) if drafter == AUTO else drafter])
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
         loaded = load_model(model, device=device, dtype=dtype)
@@ -104,10 +102,7 @@ def _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, 
         raise ConfigError(f"spec must be a SpecConfig, got {type(spec).__name__}")
     if not isinstance(device, str):
         raise ConfigError(f"device must be a string (cpu, cuda or cuda:N), got {device!r}")
-    try:
-        device_arg(device)
-    except ArgumentTypeError as error:
-        raise ConfigError(f"device: {error}") from None
+    check_device(device)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ConfigError(f"max_batch must be a positive integer, got {max_batch!r}")
     if fast is not None and not isinstance(fast, FastPathConfig):
@@ -129,8 +124,6 @@ def _check_prompt(prompt, chat) -> None:
 
 def _check_greedy(sampling: SamplingConfig) -> None:
     """Greedy decoding reads no top_p, top_k or seed: one given would be silently ignored."""
-    if sampling.greedy:
-        ignored = [name for name, on in (("top_p", sampling.top_p != 1.0), ("top_k", sampling.top_k != 0),
-                                         ("seed", sampling.seed is not None)) if on]
-        if ignored:
-            raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set temperature > 0")
+    ignored = sampling.unused_when_greedy()
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set temperature > 0")

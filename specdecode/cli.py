@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, check_device
 from .drafters.lookahead import LookaheadConfig
 
 EXIT_USAGE = 2
@@ -63,29 +63,21 @@ def _lookahead_triple(text: str) -> tuple[int, int, int]:
 
 
 def device_arg(text: str) -> str:
-    """argparse type for --device: cpu, cuda or cuda:N (torch's own error for anything else is a traceback)."""
-    kind, sep, index = text.partition(":")
-    if kind not in ("cpu", "cuda") or (sep and (kind != "cuda" or not index.isdigit())):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
-    return text
-
-
-# drafter-specific flags -> the drafters that read them (a flag given for another drafter would be ignored)
-_DRAFTER_FLAGS = {"--exit-layer": ("layer-skip",), "--lookahead": ("lookahead",),
-                  "--draft-model": ("draft-model", "eagle", "medusa"), "--draft-weights": ("draft-model",),
-                  "--confidence": ("layer-skip", "draft-model")}
+    """argparse type for --device (config.check_device)."""
+    try:
+        return check_device(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: str | None = None) -> None:
-    """Refuse a drafter flag that none of `drafters` (names, `auto` resolved) reads: it would be silently ignored.
-    shown: how the drafters are named in the message (default: the names)."""
+    """The drafter flags given on the command line, each checked against the drafters that read it."""
+    from .drafters import check_options_read
+
     given = {"--exit-layer": args.exit_layer is not None, "--lookahead": args.lookahead is not None,
              "--draft-model": args.draft_model is not None, "--draft-weights": args.draft_weights != "auto",
              "--confidence": args.confidence != 0}
-    for flag, users in _DRAFTER_FLAGS.items():
-        if given[flag] and not set(users) & set(drafters):
-            raise ConfigError(f"{flag} has no effect with --drafter {shown or ', '.join(drafters)}; "
-                              f"it is read by --drafter {' or '.join(users)}")
+    check_options_read(given, drafters, shown)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig:
@@ -115,11 +107,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     if not args.prompt.strip():
         raise ConfigError("the prompt is empty")
-    if sampling.greedy:
-        ignored = [flag for flag, on in (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k != 0),
-                                         ("--seed", args.seed is not None)) if on]
-        if ignored:
-            raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set --temperature > 0")
+    ignored = ["--" + name.replace("_", "-") for name in sampling.unused_when_greedy()]
+    if ignored:
+        raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set --temperature > 0")
     drafter = _resolved_drafter(args)
     check_drafter_flags(args, [drafter], drafter if drafter == args.drafter else f"{args.drafter} (here: {drafter})")
     spec_config(args)  # its errors before the model loads

@@ -23,6 +23,14 @@ def _check_types(owner: str, **fields: tuple[object, tuple[type | tuple[type, ..
             raise ConfigError(f"{owner}: {name} must be {what}, got {value!r}")
 
 
+def check_device(device: str) -> str:
+    """cpu, cuda or cuda:N (torch's own error for anything else is a traceback from deep inside a load)."""
+    kind, sep, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (sep and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"expected cpu, cuda or cuda:N, got {device!r}")
+    return device
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How target (p) and draft (q) logits become probabilities. temperature == 0 means greedy.
@@ -53,6 +61,14 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def unused_when_greedy(self) -> list[str]:
+        """Fields set away from their defaults that greedy decoding never reads (a caller's option that would be
+        silently ignored); empty when sampling."""
+        if not self.greedy:
+            return []
+        return [name for name, unused in (("top_p", self.top_p != 1.0), ("top_k", self.top_k != 0),
+                                          ("seed", self.seed is not None)) if unused]
 
 
 @dataclass(frozen=True)

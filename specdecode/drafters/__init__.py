@@ -26,6 +26,20 @@ def get_spec(name: str) -> DrafterSpec:
 
 AUTO = "auto"
 
+# drafter options (as CLI flags) -> the drafters that read them; given for another drafter, one would be ignored
+OPTION_READERS = {"--exit-layer": ("layer-skip",), "--lookahead": ("lookahead",),
+                  "--draft-model": ("draft-model", "eagle", "medusa"), "--draft-weights": ("draft-model",),
+                  "--confidence": ("layer-skip", "draft-model")}
+
+
+def check_options_read(given: dict[str, bool], drafters: list[str], shown: str | None = None) -> None:
+    """Refuse an option (given[flag] True) that none of `drafters` (names, `auto` resolved) reads: it would be
+    silently ignored. shown: how the drafters are named in the message (default: the names)."""
+    for flag, readers in OPTION_READERS.items():
+        if given.get(flag) and not set(readers) & set(drafters):
+            raise ConfigError(f"{flag} has no effect with --drafter {shown or ', '.join(drafters)}; "
+                              f"it is read by --drafter {' or '.join(readers)}")
+
 
 def build_drafter(target, config: DrafterConfig, spec: SpecConfig | None = None) -> Drafter:
     """`auto`: the best measured drafter for the device (see best_drafter_name)."""

@@ -5,7 +5,7 @@ import torch
 
 from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter, eagle, medusa
-from specdecode.drafters.base import SequenceContext
+from specdecode.drafters.base import Draft, SequenceContext
 from specdecode.drafters.head_io import load_head, save_head, fingerprint
 from specdecode.drafters.nets import FrozenVocab
 from specdecode.engine import Engine
@@ -100,10 +100,7 @@ def test_tree_scores_equal_sequential_paths(small):
     draft, scores = drafter._expand(seq.state, 4)
     assert 0 < len(draft) <= 12 and draft.depth <= 4
     for node in range(len(draft)):
-        path, walk = [], node
-        while walk >= 0:
-            path.insert(0, draft.tokens[walk])
-            walk = draft.parents[walk]
+        path = path_to(draft, node)
         outs = sequential(drafter.net, drafter.vocab, hidden, tokens, path)
         expected = sum(float(drafter.vocab.logits(outs[d]).log_softmax(-1)[path[d]]) for d in range(len(path)))
         assert abs(expected - float(scores[node])) < 1e-4
@@ -170,8 +167,6 @@ def test_head_roundtrip_and_errors(small, tmp_path):
     ((5, 6, 7), (-1, -1, 1), [], (5, 6, 7), (-1, -1, 1)),
 ])
 def test_graft_chain_shares_existing_prefix(tokens, parents, chain, out_tokens, out_parents):
-    from specdecode.drafters.base import Draft
-
     grafted = eagle.graft_chain(Draft(tokens, parents), chain)
     assert (grafted.tokens, grafted.parents) == (out_tokens, out_parents)
 
@@ -190,10 +185,16 @@ def test_every_tree_candidate_scores_its_own_path(small):
     draft, scores = drafter._expand(seq.state, 4)
     assert len(draft) == 2 + 4 + 4 + 4 and draft.depth == 4  # per depth: top_k children of the top_k best
     for node in range(len(draft)):
-        path, walk = [], node
-        while walk >= 0:
-            path.insert(0, draft.tokens[walk])
-            walk = draft.parents[walk]
+        path = path_to(draft, node)
         outs = sequential(drafter.net, drafter.vocab, hidden, tokens, path)
         expected = sum(float(drafter.vocab.logits(outs[d]).log_softmax(-1)[path[d]]) for d in range(len(path)))
         assert abs(expected - float(scores[node])) < 1e-4, path
+
+
+def path_to(draft: Draft, node: int) -> list[int]:
+    """Tokens from the root's first child down to `node`."""
+    path = []
+    while node >= 0:
+        path.insert(0, draft.tokens[node])
+        node = draft.parents[node]
+    return path
