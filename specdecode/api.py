@@ -32,14 +32,15 @@ class SpecDecoder:
     def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
              draft_weights: str = "auto", exit_layer: int | None = None, lookahead: tuple[int, int, int] | None = None,
              spec: SpecConfig | None = None, device: str = "cpu",
-             dtype: str = "float32", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
+             dtype: str | None = None, max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         model = fspath(model) if model is not None else None  # a pathlib.Path works too
         given = {"--exit-layer": exit_layer is not None, "--lookahead": lookahead is not None,
                  "--draft-model": draft_model is not None, "--draft-weights": draft_weights != "auto",
                  "--confidence": spec.confidence != 0}
-        check_options_read(given, [best_drafter_name(device.partition(":")[0]) if drafter == AUTO else drafter])
+        resolved = best_drafter_name(device.partition(":")[0], draft_model is not None) if drafter == AUTO else drafter
+        check_options_read(given, [resolved])
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
         loaded = load_model(model, device=device, dtype=dtype)

@@ -30,11 +30,12 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     from .drafters import AUTO, registry
     from .int8_draft import CHOICES
 
-    parser.add_argument("--model", default=None, help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
+                             "dir, .gguf file or hub id (default: smollm2-135m-instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
                         help=f"drafting method ({AUTO}: the best measured one for the device, "
                              "drafters.BEST_DRAFTER: prompt-lookup today)")
-    parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model")
+    parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
     parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
                         help="draft-model: int8 weights (auto: on the CPU, where measured faster) or the target's dtype")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
@@ -45,7 +46,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--max-k", type=int, default=None, help="upper bound for adaptive K (default: max(12, --k))")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this draft probability")
     parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA; on the CPU "
+                        "the model's own: bfloat16 for the Qwen pair, float32 otherwise)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
 
@@ -97,7 +99,10 @@ def fast_config(args: argparse.Namespace):
 
 
 def default_dtype(args: argparse.Namespace) -> str:
-    return args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
+    """--dtype, else the model's own default on the device (bf16 on CUDA; packaged models choose on the CPU)."""
+    from .models import model_dtype
+
+    return args.dtype or model_dtype(args.model, str(args.device))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -142,7 +147,7 @@ def _resolved_drafter(args: argparse.Namespace) -> str:
 
     if args.drafter != AUTO:
         return args.drafter
-    return best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu")
+    return best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu", args.draft_model is not None)
 
 
 def build_parser() -> argparse.ArgumentParser:
