@@ -7,7 +7,7 @@ import sys
 
 from ..int8_draft import CHOICES
 from .harness import BenchConfig, benchmark
-from .methods import available
+from .methods import SCHEDULES, available
 
 
 def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
@@ -23,19 +23,23 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--methods", default=None, help="comma list of methods (the baseline always runs)")
     parser.add_argument("--model", default=None,
                         help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--draft-model", default=None, help="draft model (enables hf-assisted, specdecode-draft-model)")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model (enables hf-assisted, hf-assisted-same-draft, specdecode-draft-model)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step by specdecode drafters")
     parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
-                        help="specdecode-draft-model's draft: int8 (auto: on the CPU) or the target's dtype "
-                             "(transformers' assisted peers always use the draft as loaded)")
+                        help="specdecode-draft-model's and hf-assisted-same-draft's draft: int8 (auto: on the CPU) "
+                             "or the target's dtype (hf-assisted always uses the draft as loaded)")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="layer-skip / hf-early-exit exit layer (default: a third of the layers)")
     parser.add_argument("--hf-draft-tokens", type=int, default=None,
                         help="draft length of the transformers peers (default: --k; 10 for prompt lookup)")
+    parser.add_argument("--hf-assistant-schedule", default=None, choices=SCHEDULES,
+                        help="num_assistant_tokens_schedule of hf-assisted, hf-assisted-same-draft and hf-early-exit: "
+                             "heuristic (default, transformers' adaptive draft length) or constant")
     parser.add_argument("--head", action="append", default=[], metavar="DRAFTER=DIR",
                         help="trained head for a head drafter, e.g. eagle=DIR (repeatable; default: shipped heads)")
     parser.add_argument("--seed", type=int, default=0)
@@ -54,7 +58,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         out=args.out, prompts=args.prompts, limit=args.limit, methods=args.methods, model=args.model,
         draft_model=args.draft_model, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, k=args.k, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
-        hf_draft_tokens=args.hf_draft_tokens, heads=tuple(args.head), seed=args.seed, threads=args.threads,
+        hf_draft_tokens=args.hf_draft_tokens, hf_assistant_schedule=args.hf_assistant_schedule,
+        heads=tuple(args.head), seed=args.seed, threads=args.threads,
         warmup=not args.no_warmup, progress=not args.no_progress, compile=args.compile,
     )
 

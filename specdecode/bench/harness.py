@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig
-from ..models import load_model, parse_dtype
+from ..models import load_model, model_dtype, parse_dtype
 from . import methods as methods_mod
 from .methods import BASELINE, BenchModel, PeerOptions
 from .prompts import BUILTIN_NAME, categories, load_prompts, select
@@ -35,23 +35,24 @@ class BenchConfig:
     model: str | None = None
     draft_model: str | None = None
     device: str = "cpu"
-    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    dtype: str | None = None  # None: the model's default on the device (models.model_dtype)
     max_new_tokens: int = 128
     temperature: float = 0.0
     k: int = 5
     exit_layer: int | None = None
     hf_draft_tokens: int | None = None
+    hf_assistant_schedule: str | None = None  # num_assistant_tokens_schedule of the assisted peers; None: heuristic
     heads: tuple[str, ...] = ()  # --head NAME=DIR
     seed: int = 0
     threads: int | None = None  # torch intra-op CPU threads; None: torch's default
     compile: bool | None = None  # specdecode methods on the fast path; None: on for cuda, off on cpu
-    draft_weights: str = "auto"  # specdecode-draft-model's draft: int8 on the CPU, or the target's dtype
+    draft_weights: str = "auto"  # specdecode-draft-model, hf-assisted-same-draft: int8 draft on the CPU (auto)
     warmup: bool = True
     progress: bool = True
 
     @property
     def resolved_dtype(self) -> str:
-        return self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+        return self.dtype or model_dtype(self.model, self.device)
 
 
 def validate(config: BenchConfig) -> tuple[list, list[str]]:
@@ -63,6 +64,9 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
     methods_mod.parse_heads(list(config.heads))
     if config.k <= 0 or (config.hf_draft_tokens is not None and config.hf_draft_tokens <= 0):
         raise ConfigError("--k and --hf-draft-tokens must be positive integers")
+    if config.hf_assistant_schedule not in (None, *methods_mod.SCHEDULES):
+        raise ConfigError(f"--hf-assistant-schedule must be one of {', '.join(methods_mod.SCHEDULES)}, "
+                          f"got {config.hf_assistant_schedule!r}")
     if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
         raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
     if config.device.startswith("cuda") and not torch.cuda.is_available():
@@ -85,12 +89,13 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
 
 def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
     """Refuse a method-specific flag when no chosen method reads it (it would be silently ignored)."""
-    ours = methods_mod.OURS_PREFIX
+    ours, same, assisted = methods_mod.OURS_PREFIX, methods_mod.SAME_DRAFT, set(methods_mod.ASSISTED_PEERS)
     used = {
         "--exit-layer": (config.exit_layer is not None, {ours + "layer-skip", "hf-early-exit"}),
-        "--hf-draft-tokens": (config.hf_draft_tokens is not None, {"hf-prompt-lookup", "hf-assisted", "hf-early-exit"}),
-        "--draft-weights": (config.draft_weights != "auto", {ours + "draft-model"}),
-        "--draft-model": (config.draft_model is not None, {"hf-assisted", ours + "draft-model"}),
+        "--hf-draft-tokens": (config.hf_draft_tokens is not None, {"hf-prompt-lookup", *assisted}),
+        "--hf-assistant-schedule": (config.hf_assistant_schedule is not None, assisted),
+        "--draft-weights": (config.draft_weights != "auto", {ours + "draft-model", same}),
+        "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model"}),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
     for flag, (given, readers) in used.items():
@@ -116,7 +121,8 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
     bench_model = bench_model or load_bench_model(config)
     heads = methods_mod.parse_heads(list(config.heads))
     compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
-    options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights)
+    options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights,
+                          config.hf_assistant_schedule or "heuristic")
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
     for name, reason in skipped.items():

@@ -3,8 +3,10 @@
 
 - baseline `hf-generate`: transformers `model.generate`, greedy (or sampling at --temperature), no assistant.
 - peers: transformers assisted generation: `hf-prompt-lookup` (prompt_lookup_num_tokens), `hf-assisted`
-  (assistant_model, only with a draft model) and `hf-early-exit` (assistant_early_exit = our layer-skip's
-  exit layer). They run with transformers' defaults except the knobs in PeerOptions (draft length).
+  (assistant_model = the draft as loaded, only with a draft model), `hf-assisted-same-draft` (assistant_model =
+  the draft with the weights our draft-model drafter drafts with: an int8 copy on the CPU, see `same_draft`)
+  and `hf-early-exit` (assistant_early_exit = our layer-skip's exit layer). They run with transformers'
+  defaults except the knobs in PeerOptions (draft length, draft-length schedule).
 - ours: `specdecode-<name>` for every drafter in specdecode.drafters.registry() (drafters that need a draft
   model are skipped without one), each an Engine over the same model.
 
@@ -15,6 +17,7 @@ whole call, prefill included, after a device synchronisation, for every method a
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -25,11 +28,16 @@ from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import DrafterConfig, build_drafter, registry
 from ..engine import Engine
 from ..fast import FastPathConfig
+from ..int8_draft import quantize_linears, wants_int8
 from ..models import ModelError
 from ..target import Target
 
 BASELINE = "hf-generate"
 OURS_PREFIX = "specdecode-"
+SAME_DRAFT = "hf-assisted-same-draft"
+DRAFT_PEERS = ("hf-assisted", SAME_DRAFT)  # transformers peers that need a draft model
+ASSISTED_PEERS = (*DRAFT_PEERS, "hf-early-exit")  # the peers that read num_assistant_tokens(_schedule)
+SCHEDULES = ("heuristic", "constant")  # transformers' num_assistant_tokens_schedule values offered
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,12 @@ class BenchModel:
 
 @dataclass(frozen=True)
 class PeerOptions:
-    """Knobs for the methods. The assistant peers (hf-assisted, hf-early-exit) start at k draft tokens per step
+    """Knobs for the methods. The assistant peers (ASSISTED_PEERS) start at k draft tokens per step
     like ours (transformers' default of 20 on an early exit that was not trained for it spends ~20 draft passes
     per target pass for nothing) with transformers' own adaptive "heuristic" schedule (+2 after a fully
-    accepted draft, -1 otherwise, at least 1), its counterpart of our pause/adaptive K; the rest are
-    transformers' defaults (assistant_confidence_threshold 0.4). Prompt lookup has no default and uses 10, the value in transformers'
+    accepted draft, -1 otherwise, at least 1), its counterpart of our pause/adaptive K; assistant_schedule
+    "constant" keeps the draft length fixed instead. The rest are transformers' defaults
+    (assistant_confidence_threshold 0.4). Prompt lookup has no default and uses 10, the value in transformers'
     docs. hf_draft_tokens overrides both draft lengths. The early-exit layer is the same for ours and theirs."""
 
     k: int = 5
@@ -89,7 +98,9 @@ class PeerOptions:
     hf_draft_tokens: int | None = None  # prompt_lookup_num_tokens and num_assistant_tokens of the peers
     heads: tuple[tuple[str, str], ...] = ()  # (drafter, path): a trained head for eagle, medusa, ...
     compile: bool = False  # specdecode methods on the fast path (static cache + torch.compile)
-    draft_weights: str = "auto"  # specdecode-draft-model: int8 draft on the CPU (int8_draft.py); peers: as loaded
+    # specdecode-draft-model and hf-assisted-same-draft: int8 draft on the CPU (int8_draft.py); hf-assisted: as loaded
+    draft_weights: str = "auto"
+    assistant_schedule: str = "heuristic"  # num_assistant_tokens_schedule of the assisted peers (SCHEDULES)
 
     @property
     def prompt_lookup_num_tokens(self) -> int:
@@ -104,7 +115,7 @@ def available(has_draft: bool) -> list[str]:
     """Every method name, in run order, without loading anything (so --methods is checked first)."""
     names = [BASELINE, "hf-prompt-lookup"]
     if has_draft:
-        names.append("hf-assisted")
+        names += DRAFT_PEERS
     names.append("hf-early-exit")
     names += [OURS_PREFIX + name for name, spec in registry().items() if has_draft or not spec.needs_draft_model]
     return names
@@ -136,7 +147,7 @@ def choose(requested: str | None, has_draft: bool) -> list[str]:
         raise ConfigError(f"--methods is empty; name one or more of: {', '.join(names)}")
     for name in wanted:
         if name not in names:
-            needs = name == "hf-assisted" or (
+            needs = name in DRAFT_PEERS or (
                 name.startswith(OURS_PREFIX) and name[len(OURS_PREFIX):] in registry()
                 and registry()[name[len(OURS_PREFIX):]].needs_draft_model
             )
@@ -156,20 +167,24 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
     if not 1 <= exit_layer < target.num_layers:
         raise ConfigError(f"exit layer must be in 1..{target.num_layers - 1}, got {exit_layer}")
     eos = sorted(target.eos_ids)
+    drafts = _peer_drafts(bench, names, options.draft_weights, target.device)
     hf = {
         BASELINE: {},
         "hf-prompt-lookup": {"prompt_lookup_num_tokens": options.prompt_lookup_num_tokens},
-        "hf-assisted": {"assistant_model": bench.draft_model},
+        **{name: {"assistant_model": model} for name, (model, _) in drafts.items()},
         "hf-early-exit": {"assistant_early_exit": exit_layer},
     }
     # transformers reads the draft length from the ASSISTANT's generation_config (for early exit: the target's)
-    assistant = {"hf-assisted": bench.draft_model, "hf-early-exit": bench.model}
-    overrides = {"num_assistant_tokens": options.num_assistant_tokens, "num_assistant_tokens_schedule": "heuristic"}
+    assistant = {**{name: model for name, (model, _) in drafts.items()}, "hf-early-exit": bench.model}
+    overrides = {"num_assistant_tokens": options.num_assistant_tokens,
+                 "num_assistant_tokens_schedule": options.assistant_schedule}
     methods = []
     for name in names:
         if name in hf:
             kind = "baseline" if name == BASELINE else "transformers"
             params = {k: (bench.draft_spec if k == "assistant_model" else v) for k, v in hf[name].items()}
+            if name in drafts:
+                params["draft_weights"] = drafts[name][1]
             if name in assistant:
                 config = assistant[name].generation_config
                 params.update({key: getattr(config, key, None) for key in _ASSISTANT_KEYS}, **overrides)
@@ -198,10 +213,42 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                 continue
             params = {"k": options.k, "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (cpu_gemm)
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
-                      **({"draft_model": draft, "draft_weights": options.draft_weights}
+                      **({"draft_model": draft, "draft_weights": _drafter_weights(options.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}
             methods.append(Method(name, "specdecode", _engine_runner(engine), params))
     return methods
+
+
+def same_draft(draft: torch.nn.Module, choice: str, device: torch.device) -> tuple[torch.nn.Module, str]:
+    """The draft with the weights specdecode-draft-model drafts with (its own rule, `wants_int8`), so that
+    transformers' assisted generation is compared on the same draft: an int8 copy where that rule says int8
+    (the loaded draft stays as it is for hf-assisted), else the draft as loaded. -> (model, "int8" or dtype)"""
+    if not wants_int8(choice, device):
+        return draft, _dtype_name(draft)
+    int8 = copy.deepcopy(draft)
+    return int8, "int8" if quantize_linears(int8) else _dtype_name(draft)
+
+
+def _peer_drafts(bench: BenchModel, names: list[str], choice: str,
+                 device: torch.device) -> dict[str, tuple[torch.nn.Module, str]]:
+    """The draft each chosen draft peer is handed, with its weights for the params; the int8 copy is built only
+    when hf-assisted-same-draft runs."""
+    drafts = {}
+    if "hf-assisted" in names:
+        drafts["hf-assisted"] = (bench.draft_model, _dtype_name(bench.draft_model))
+    if SAME_DRAFT in names:
+        drafts[SAME_DRAFT] = same_draft(bench.draft_model, choice, device)
+    return drafts
+
+
+def _drafter_weights(choice: str, target: Target) -> str:
+    """What specdecode-draft-model drafts with, by the rule it loads its draft with: "int8" or the target's
+    dtype (the choice itself, "auto" say, is in the run's config)."""
+    return "int8" if wants_int8(choice, target.device) else str(target.dtype).removeprefix("torch.")
+
+
+def _dtype_name(model: torch.nn.Module) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 # -- runners --------------------------------------------------------------------------------------------------

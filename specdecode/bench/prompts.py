@@ -3,6 +3,8 @@
 One JSON object per line: {"question_id": 1, "category": "qa", "turns": ["...", "..."], "reference": [...]}.
 `turns` are user turns; a later turn is asked after the model's answer to the earlier ones. A bad file is
 reported as one line naming the file and line number (a ConfigError), so the run never starts half-way.
+Any other field is ignored: `reference` takes many shapes in Spec-Bench's question.jsonl (a string, a list
+of strings, lists of lists of strings in the rag rows, null) and nothing here reads it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ class Question:
     question_id: int | str
     category: str
     turns: tuple[str, ...]
-    reference: tuple[str, ...] = ()
 
 
 def builtin_text() -> str:
@@ -77,12 +78,7 @@ def _parse_line(line: str, where: str) -> Question:
         raise ConfigError(f"{where}: turns must be a non-empty list of strings")
     if not all(isinstance(turn, str) and turn.strip() for turn in turns):
         raise ConfigError(f"{where}: every turn must be a non-empty string")
-    reference = record.get("reference") or []
-    if isinstance(reference, str):
-        reference = [reference]
-    if not isinstance(reference, list) or not all(isinstance(r, str) for r in reference):
-        raise ConfigError(f"{where}: reference must be a string or a list of strings")
-    return Question(qid, category.strip(), tuple(turns), tuple(reference))
+    return Question(qid, category.strip(), tuple(turns))
 
 
 def select(questions: list[Question], limit: int | None = None) -> list[Question]:

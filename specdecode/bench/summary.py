@@ -19,6 +19,8 @@ CONVENTIONS = (
     "prompts = questions; lossless_prompts = questions whose every turn equals the baseline's greedy output "
     "(null when sampling); mismatches = differing turns = near_ties + bugs",
     "multi-turn: later turns follow the baseline's answers, for every method",
+    "peak_rss_mb = the highest peak resident set size (MiB) of the whole process while the method decoded one "
+    "of the cell's turns (every loaded model counts, so compare methods by their differences)",
 )
 
 
@@ -71,6 +73,7 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         "speedup": _round(_ratio(rate, base_rate), 4),
         "tau": _round(_ratio(tokens, _sum(cell, "passes")), 4),
         "acceptance_rate": _round(_ratio(_sum(cell, "accepted"), _sum(cell, "proposed") or None), 4),
+        "peak_rss_mb": _peak_rss(cell),
         "lossless_prompts": None,
         "mismatches": None,
         "near_ties": None,
@@ -82,6 +85,12 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         row["near_ties"] = sum(r.mismatch is not None and r.mismatch.kind == "near-tie" for r in mismatched)
         row["bugs"] = len(mismatched) - row["near_ties"]
     return row
+
+
+def _peak_rss(cell: list[Record]) -> float | None:
+    """The highest peak over the cell's runs; None when no run could measure it."""
+    peaks = [r.peak_rss_mb for r in cell if r.peak_rss_mb is not None]
+    return round(max(peaks), 1) if peaks else None
 
 
 def _round(value: float | None, digits: int) -> float | None:

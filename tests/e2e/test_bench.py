@@ -1,23 +1,26 @@
 """`specdecode bench` on a tiny random Llama (fp32, CPU): the three output files and their fields, every
-specdecode method lossless, a deliberately broken method caught as a bug, near-tie classification, and the
-prompt-file validation errors (with line numbers, before any model is loaded)."""
+specdecode method lossless, transformers handed our drafter's own draft weights, the peak RSS per method, a
+deliberately broken method caught as a bug, near-tie classification, and the prompt-file and flag validation
+errors (with line numbers, before any model is loaded)."""
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from specdecode.bench import methods as methods_mod
-from specdecode.bench.harness import BenchConfig, load_bench_model
-from specdecode.bench.methods import BASELINE, Generation, Method
+from specdecode.bench.harness import BenchConfig, load_bench_model, validate
+from specdecode.bench.methods import BASELINE, SAME_DRAFT, Generation, Method, same_draft
 from specdecode.bench.prompts import load_prompts, parse_prompts, select
-from specdecode.bench.runner import BenchSettings, Record, classify_mismatch, run_bench
+from specdecode.bench.runner import BenchSettings, PeakRss, Record, classify_mismatch, run_bench, status_kb
 from specdecode.bench.summary import summarise
 from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.drafters import registry
+from specdecode.int8_draft import Int8Linear, available as int8_available
 
 PROMPTS = [
     {"question_id": 1, "category": "multi-turn",
@@ -25,10 +28,10 @@ PROMPTS = [
     {"question_id": "q2", "category": "code", "turns": ["def add(a, b):\n    return a + b\n\ndef add("],
      "reference": ["x"]},
 ]
-MODEL_FREE = ["hf-generate", "hf-prompt-lookup", "hf-assisted", "hf-early-exit", "specdecode-none",
+MODEL_FREE = ["hf-generate", "hf-prompt-lookup", "hf-assisted", SAME_DRAFT, "hf-early-exit", "specdecode-none",
               "specdecode-prompt-lookup", "specdecode-layer-skip", "specdecode-draft-model"]
 RESULT_FIELDS = {"method", "category", "tokens_per_s", "speedup", "tau", "acceptance_rate", "lossless_prompts",
-                 "prompts"}
+                 "prompts", "peak_rss_mb"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,8 +85,75 @@ def test_bench_writes_three_files_with_stable_fields(bench_out):
     assert len(results["runs"]) == len(expected) * 3  # 3 turns in all
     report = (bench_out / "report.md").read_text()
     assert "| method | multi-turn | code | overall |" in report
+    assert "| peak RSS MB |" in report
     for method in expected:
         assert f"| {method} |" in report
+
+
+def test_peak_rss_is_recorded_per_method(bench_out):
+    results = json.loads((bench_out / "results.json").read_text())
+    for entry in results["runs"] + results["results"]:
+        assert isinstance(entry["peak_rss_mb"], float) and entry["peak_rss_mb"] > 0, entry
+    overall = {r["method"]: r["peak_rss_mb"] for r in results["results"] if r["category"] == "overall"}
+    for run in results["runs"]:
+        assert run["peak_rss_mb"] <= overall[run["method"]]
+
+
+def test_same_draft_peer_is_lossless_with_our_drafters_weights(bench_out):
+    results = json.loads((bench_out / "results.json").read_text())
+    params = {m["method"]: m["params"] for m in results["methods"]}
+    assert [m["method"] for m in results["methods"]].index(SAME_DRAFT) == 3  # right after hf-assisted
+    assert params[SAME_DRAFT]["draft_weights"] == ("int8" if int8_available() else "float32")
+    assert params[SAME_DRAFT]["draft_weights"] == params["specdecode-draft-model"]["draft_weights"]
+    assert params["hf-assisted"]["draft_weights"] == "float32"
+    assert params[SAME_DRAFT]["num_assistant_tokens"] == 3
+    assert params[SAME_DRAFT]["num_assistant_tokens_schedule"] == "heuristic"
+    row = [r for r in results["results"] if r["method"] == SAME_DRAFT and r["category"] == "overall"][0]
+    assert row["lossless_prompts"] == row["prompts"] == 2 and row["mismatches"] == 0, row
+    assert row["tau"] >= 1.0 and row["acceptance_rate"] is not None
+
+
+def test_same_draft_is_an_int8_copy_only_where_our_drafter_drafts_in_int8(tiny_model_dir):
+    draft = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir)).model
+    model, weights = same_draft(draft, "same", torch.device("cpu"))
+    assert model is draft and weights == "float32"
+    if not int8_available():
+        pytest.skip("this torch build lacks the int8-weight CPU kernel")
+    model, weights = same_draft(draft, "auto", torch.device("cpu"))
+    assert model is not draft and weights == "int8"
+    assert any(isinstance(m, Int8Linear) for m in model.modules())
+    assert not any(isinstance(m, Int8Linear) for m in draft.modules())  # hf-assisted keeps the draft as loaded
+
+
+def test_assistant_schedule_and_draft_weights_reach_the_same_draft_peer(tmp_path, tiny_model_dir, tiny_draft_dir,
+                                                                        prompts_file):
+    out = tmp_path / "constant"
+    code = main(["bench", "--model", tiny_model_dir, "--draft-model", tiny_draft_dir, "--prompts", prompts_file,
+                 "--out", str(out), "--max-new-tokens", "12", "--methods", f"{SAME_DRAFT},hf-early-exit",
+                 "--hf-assistant-schedule", "constant", "--draft-weights", "same", "--limit", "1",
+                 "--no-progress", "--no-warmup"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    params = {m["method"]: m["params"] for m in results["methods"]}
+    assert list(params) == [BASELINE, SAME_DRAFT, "hf-early-exit"]
+    assert params[SAME_DRAFT]["draft_weights"] == "float32"
+    schedules = {p["num_assistant_tokens_schedule"] for p in params.values() if p.get("num_assistant_tokens")}
+    assert schedules == {"constant"}
+    for row in results["results"]:
+        if row["method"] == SAME_DRAFT:
+            assert row["lossless_prompts"] == row["prompts"] and row["bugs"] == 0, row
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_peak_rss_sees_a_short_allocation(exact):
+    if status_kb("VmRSS") is None:
+        pytest.skip("no /proc/self/status here")
+    before = status_kb("VmRSS") / 1024
+    with PeakRss(exact) as rss:
+        block = torch.ones(16 << 20)  # 64 MiB, written: resident
+        time.sleep(5 * 0.02)  # several sampling periods
+        del block
+    assert rss.mb is not None and rss.mb >= before + 60
 
 
 def test_every_specdecode_method_is_lossless_in_fp32(bench_out):
@@ -171,7 +241,6 @@ GOOD = '{"question_id": 1, "category": "qa", "turns": ["hi"]}'
     ('{"question_id": 1, "category": "", "turns": ["hi"]}', ":1: category must be a non-empty string"),
     ('{"question_id": [1], "category": "qa", "turns": ["hi"]}', ":1: question_id must be"),
     ('[1, 2]', ":1: expected a JSON object"),
-    ('{"question_id": 1, "category": "qa", "turns": ["hi"], "reference": 3}', ":1: reference must be"),
     (GOOD + "\n" + GOOD, ":2: duplicate question_id 1 (first on line 1)"),
 ])
 def test_bad_prompt_files_name_the_line(tmp_path, text, message):
@@ -197,8 +266,35 @@ def test_cli_rejects_bad_input_before_loading_a_model(tmp_path, capsys):
     assert "unknown method 'nope'" in capsys.readouterr().err
     assert main([*args, "--methods", "hf-assisted"]) == 2
     assert "needs --draft-model" in capsys.readouterr().err
+    assert main([*args, "--methods", SAME_DRAFT]) == 2
+    assert "needs --draft-model" in capsys.readouterr().err
+    assert main([*args, "--methods", "hf-prompt-lookup", "--hf-assistant-schedule", "constant"]) == 2
+    assert "--hf-assistant-schedule has no effect" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: not a choice
+        main([*args, "--hf-assistant-schedule", "sometimes"])
+    assert "invalid choice: 'sometimes'" in capsys.readouterr().err
     assert main([*args, "--limit", "0"]) == 2
     assert not out.exists()
+
+
+@pytest.mark.parametrize("methods, flags, refused", [
+    ("hf-prompt-lookup", {"hf_assistant_schedule": "heuristic"}, "--hf-assistant-schedule has no effect"),
+    ("specdecode-draft-model", {"hf_assistant_schedule": "constant"}, "--hf-assistant-schedule has no effect"),
+    ("hf-assisted", {"draft_weights": "int8"}, "--draft-weights has no effect"),
+    ("hf-early-exit", {"hf_assistant_schedule": "sometimes"}, "--hf-assistant-schedule must be one of"),
+    ("hf-early-exit", {"hf_assistant_schedule": "constant"}, None),
+    ("hf-assisted", {"hf_assistant_schedule": "heuristic"}, None),
+    (SAME_DRAFT, {"hf_assistant_schedule": "constant", "draft_weights": "same", "hf_draft_tokens": 4}, None),
+])
+def test_peer_flags_need_a_method_that_reads_them(tmp_path, methods, flags, refused):
+    """Checked before any model is loaded (the model paths point nowhere)."""
+    draft = "unused" if methods in (*methods_mod.DRAFT_PEERS, "specdecode-draft-model") else None
+    config = BenchConfig(out=str(tmp_path / "out"), model="unused", draft_model=draft, methods=methods, **flags)
+    if refused is None:
+        assert validate(config)[1] == [BASELINE, methods]
+        return
+    with pytest.raises(ConfigError, match=refused):
+        validate(config)
 
 
 def test_builtin_prompts_and_limit():
