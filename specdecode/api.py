@@ -32,7 +32,7 @@ class SpecDecoder:
     def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
              draft_weights: str = "auto", exit_layer: int | None = None, lookahead: tuple[int, int, int] | None = None,
              spec: SpecConfig | None = None, device: str = "cpu",
-             dtype: str | None = None, max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
+             dtype: str | None = None, weights: str = "auto", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         model = fspath(model) if model is not None else None  # a pathlib.Path works too
@@ -43,7 +43,7 @@ class SpecDecoder:
         check_options_read(given, [resolved])
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
-        loaded = load_model(model, device=device, dtype=dtype)
+        loaded = load_model(model, device=device, dtype=dtype, weights=weights)
         target = Target(loaded.model, loaded.tokenizer, fast)
         drafter_impl = build_drafter(
             target, DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights,

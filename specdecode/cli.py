@@ -29,6 +29,7 @@ def _quiet_transformers() -> None:
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
     from .drafters import AUTO, registry
     from .int8_draft import CHOICES
+    from .models import WEIGHTS
 
     parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
                              "dir, .gguf file or hub id (default: smollm2-135m-instruct)")
@@ -46,8 +47,11 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--max-k", type=int, default=None, help="upper bound for adaptive K (default: max(12, --k))")
     parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this draft probability")
     parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
-    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA; on the CPU "
-                        "the model's own: bfloat16 for the Qwen pair, float32 otherwise)")
+    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA, float32 on "
+                        "the CPU)")
+    parser.add_argument("--weights", default="auto", choices=WEIGHTS,
+                        help="the target's linear weights: int8 (weight-only, CPU), same (in --dtype) or auto (the "
+                             "model's own on the device: int8 for the Qwen pair on the CPU, else same)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
 
@@ -120,7 +124,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec_config(args)  # its errors before the model loads
     decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, draft_weights=args.draft_weights,
                                exit_layer=args.exit_layer, lookahead=args.lookahead, spec=spec_config(args),
-                               device=args.device, dtype=default_dtype(args), fast=fast_config(args))
+                               device=args.device, dtype=default_dtype(args), weights=args.weights,
+                               fast=fast_config(args))
     pieces, seq = [], None
     for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
         pieces.append(chunk.text)

@@ -36,6 +36,12 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantised weight [out, in] in float32, made on demand: for code that reads a head's weight
+        (EAGLE's draft head copies rows of the target's), never on the decoding path."""
+        return self.weight_int8.float() * self.scale.float()[:, None]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
         flat = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE)

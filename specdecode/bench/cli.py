@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from ..int8_draft import CHOICES
+from ..models import WEIGHTS
 from .harness import BenchConfig, benchmark
 from .methods import SCHEDULES, available
 
@@ -27,6 +28,9 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
                         help="draft model (enables hf-assisted, hf-assisted-same-draft, specdecode-draft-model)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--weights", default="auto", choices=WEIGHTS,
+                        help="the target's linear weights for every method: int8, same (in --dtype) or auto (the "
+                             "model's own on the device: int8 for the Qwen pair on the CPU)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step by specdecode drafters")
@@ -56,7 +60,7 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         out=args.out, prompts=args.prompts, limit=args.limit, methods=args.methods, model=args.model,
-        draft_model=args.draft_model, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+        draft_model=args.draft_model, device=args.device, dtype=args.dtype, weights=args.weights, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, k=args.k, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
         hf_draft_tokens=args.hf_draft_tokens, hf_assistant_schedule=args.hf_assistant_schedule,
         heads=tuple(args.head), seed=args.seed, threads=args.threads,

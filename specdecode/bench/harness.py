@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig
-from ..models import load_model, model_dtype, parse_dtype
+from ..models import WEIGHTS, load_model, model_dtype, parse_dtype
 from . import methods as methods_mod
 from .methods import BASELINE, BenchModel, PeerOptions
 from .prompts import BUILTIN_NAME, categories, load_prompts, select
@@ -36,6 +36,7 @@ class BenchConfig:
     draft_model: str | None = None
     device: str = "cpu"
     dtype: str | None = None  # None: the model's default on the device (models.model_dtype)
+    weights: str = "auto"  # the target's linear weights, for every method alike (models.WEIGHTS)
     max_new_tokens: int = 128
     temperature: float = 0.0
     k: int = 5
@@ -72,6 +73,8 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("--device cuda requested but no CUDA device is available")
     parse_dtype(config.resolved_dtype)
+    if config.weights not in WEIGHTS:
+        raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {config.weights!r}")
     if config.threads is not None and config.threads <= 0:
         raise ConfigError(f"--threads must be a positive integer, got {config.threads}")
     _check_flags_used(config, names)
@@ -104,7 +107,7 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
 
 
 def load_bench_model(config: BenchConfig) -> BenchModel:
-    loaded = load_model(config.model, device=config.device, dtype=config.resolved_dtype)
+    loaded = load_model(config.model, device=config.device, dtype=config.resolved_dtype, weights=config.weights)
     draft = None
     if config.draft_model:
         draft = load_model(config.draft_model, device=config.device, dtype=config.resolved_dtype).model
@@ -137,6 +140,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         "draft_model": config.draft_model,
         "device": str(param.device),
         "dtype": str(param.dtype).removeprefix("torch."),
+        "weights": "int8" if any(type(m).__name__ == "Int8Linear" for m in bench_model.model.modules()) else "same",
         "baseline": BASELINE,
         "max_new_tokens": config.max_new_tokens,
         "temperature": config.temperature,

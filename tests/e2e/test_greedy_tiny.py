@@ -77,3 +77,27 @@ def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
                               GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False)).metrics
     assert 0 < metrics.accepted < metrics.proposed
     assert metrics.tau > 1.0
+
+
+@pytest.fixture(scope="module")
+def int8_target(tiny_model, tiny_tokenizer):
+    """The tiny target with int8 linear weights (`--weights int8`): the quantized model IS the target."""
+    import copy
+
+    from specdecode.int8_draft import quantize_linears
+    from specdecode.target import Target
+
+    model = copy.deepcopy(tiny_model)
+    assert quantize_linears(model)
+    return Target(model, tiny_tokenizer)
+
+
+@pytest.mark.parametrize("name", list(registry()))
+def test_greedy_equals_plain_on_an_int8_target(name, int8_target, tiny_tokenizer, tiny_draft_dir):
+    """Every drafter over a target whose linears are int8: output equals transformers' greedy `generate` of that
+    same int8 model (which differs from the fp32 model's: the reference must be the quantized one)."""
+    references = {key: hf_greedy(int8_target.model, tiny_tokenizer(text)["input_ids"], NEW_TOKENS)
+                  for key, text in PROMPTS.items()}
+    spec = SpecConfig(k=4)
+    _check_greedy(Engine(int8_target, tiny_drafter(int8_target, name, spec, tiny_draft_dir, row_cost=0.0), spec), name,
+                  tiny_tokenizer, references)

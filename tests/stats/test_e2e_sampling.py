@@ -74,3 +74,15 @@ def test_seeded_generation_is_reproducible(target):
     config = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
     runs = [engine.generate(PROMPT, SamplingConfig(temperature=1.0, seed=11), config).token_ids for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
+def test_first_tokens_follow_an_int8_target(name):
+    """A target with int8 linear weights (`--weights int8`) is sampled exactly: the exact joint is computed
+    from the quantized model itself."""
+    quantized = tiny_target()
+    assert quantize_linears(quantized.model)
+    quantized = Target(quantized.model)
+    spec = SpecConfig(k=2)
+    engine = Engine(quantized, build(name, quantized, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) > 1e-3

@@ -51,3 +51,28 @@ def test_bias_is_kept():
     torch.nn.init.normal_(linear.bias, std=1.0)
     x = torch.randn(3, 32)
     torch.testing.assert_close(Int8Linear(linear)(x), linear(x), rtol=0.05, atol=0.05)
+
+
+def test_target_weights_choice():
+    """--weights / load_model(weights=): the packaged Qwen pair defaults to int8 on the CPU, anything else to its
+    dtype's own weights; int8 off the CPU is one line, bad values too."""
+    from specdecode.models import ModelError, wants_int8_weights
+
+    assert wants_int8_weights("auto", "qwen2.5-coder-1.5b", "cpu")
+    assert not wants_int8_weights("auto", "qwen2.5-coder-1.5b", "cuda")
+    assert not wants_int8_weights("auto", None, "cpu") and not wants_int8_weights("auto", "some/dir", "cpu")
+    assert wants_int8_weights("int8", "some/dir", "cpu") and not wants_int8_weights("same", "qwen2.5-coder-1.5b", "cpu")
+    with pytest.raises(ModelError, match="not on cuda"):
+        wants_int8_weights("int8", None, "cuda")
+    with pytest.raises(ModelError, match="weights must be one of"):
+        wants_int8_weights("int4", None, "cpu")
+
+
+def test_load_model_with_int8_weights(tiny_model_dir):
+    from specdecode.models import load_model
+
+    model = load_model(tiny_model_dir, weights="int8").model
+    assert isinstance(model.get_output_embeddings(), Int8Linear)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    # the dequantised head is there for code that reads it (EAGLE copies rows of the target's head)
+    assert model.get_output_embeddings().weight.shape == model.get_input_embeddings().weight.shape
