@@ -5,6 +5,7 @@ import torch
 from specdecode.config import ConfigError, SamplingConfig, SpecConfig
 from specdecode.sampling import probabilities
 from specdecode.speculation import SpeculationLength
+from specdecode.verify import verify_sampling
 
 
 def test_top_k_keeps_k_largest():
@@ -47,6 +48,45 @@ def test_temperature_sharpens():
     logits = torch.tensor([1.0, 2.0])
     cold = probabilities(logits, SamplingConfig(temperature=0.5))
     assert torch.allclose(cold, torch.tensor([2.0, 4.0]).softmax(0))
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 1e-37, 1e-30])
+def test_tiny_temperature_is_the_greedy_limit(temperature):
+    """logits / temperature overflowed float32 (1e-38: inf - inf = nan), or the temperature rounded to 0 (5e-324):
+    the transform is computed after subtracting the largest logit, and below float32's smallest normal number it
+    is the limit itself. All mass lands on the largest logit, shared by ties, per row."""
+    logits = torch.tensor([[10.0, 30.0, 30.0, -5.0], [100.0, 2.0, -100.0, float("-inf")]])
+    probs = probabilities(logits, SamplingConfig(temperature=temperature))
+    assert probs.tolist() == [[0.0, 0.5, 0.5, 0.0], [1.0, 0.0, 0.0, 0.0]]
+
+
+def test_small_temperature_is_stable_with_large_logits():
+    """1000 / 1e-36 overflows float32 without the shift; with it the top token takes (almost) all the mass."""
+    probs = probabilities(torch.tensor([1000.0, 999.0, 0.0]), SamplingConfig(temperature=1e-36))
+    assert probs.tolist() == [1.0, 0.0, 0.0]
+    warm = probabilities(torch.tensor([1000.0, 999.0]), SamplingConfig(temperature=0.5))
+    assert torch.allclose(warm, torch.tensor([2.0, 0.0]).softmax(0))
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-46, 1e-9])
+def test_top_p_always_keeps_the_most_likely_token(top_p):
+    """5e-324 (and 1e-46) round to 0 in float32, where `mass before >= top_p` held for the top token too and every
+    token was dropped (softmax of all -inf = nan)."""
+    probs_in = torch.tensor([[0.05, 0.3, 0.15, 0.5], [0.3, 0.05, 0.5, 0.15]])
+    probs = probabilities(probs_in.log(), SamplingConfig(temperature=1.0, top_p=top_p))
+    assert probs.tolist() == [[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]]
+
+
+def test_tiny_temperature_verification_is_greedy():
+    """p and q get the same transform: at the greedy limit a draft of the argmax tokens is accepted whole and the
+    bonus token is the argmax, whatever the random draws."""
+    logits = torch.tensor([[0.0, 5.0, 1.0], [4.0, 0.0, 1.0], [0.0, 1.0, 3.0]])  # [n + 1, vocab], n = 2
+    sampling = SamplingConfig(temperature=1e-38, top_p=5e-324, seed=0)
+    p = probabilities(logits, sampling)
+    q = probabilities(logits[:2], sampling)
+    for seed in range(5):
+        verdict = verify_sampling((1, 0), (-1, 0), q, p, torch.Generator().manual_seed(seed))
+        assert (verdict.accepted, verdict.next_token) == ((0, 1), 2)
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1)])
