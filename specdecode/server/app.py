@@ -10,16 +10,21 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
+import secrets
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Mapping
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters.base import Drafter
@@ -34,6 +39,11 @@ from .router import RoutingDrafter
 from .scheduler import (NO_SPECULATION, Failed, Finished, Job, QueueFull, RequestStats, Scheduler, SchedulerConfig,
                         TextDelta, Ticket)
 
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 1  # a full queue drains in about one request's time: clients should come back soon, not at once
+# headers an error of this status carries (RFC 6750 asks a 401 for a bearer token to name the scheme)
+_ERROR_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": str(RETRY_AFTER_S)}}
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -42,6 +52,8 @@ class ServerConfig:
     max_queue: int = 64
     default_max_tokens: int = 256
     max_body_bytes: int = 8 << 20  # a larger request body is a 413 before it is read whole
+    body_timeout_s: float = 30.0  # a body that has not arrived whole by then is a 408 (a slow sender holds no task)
+    api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>` (/health, /metrics stay open)
 
 
 @dataclass
@@ -88,7 +100,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=_ERROR_HEADERS.get(error.status))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -108,27 +120,100 @@ def create_app(service: Service) -> FastAPI:
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=service.metrics.content_type)
 
-    @app.get("/v1/models")
+    v1 = [Depends(_authorizer(service.config.api_key))]
+
+    @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
         card = s.ModelCard(id=service.config.model_name, created=service.created)
         return s.ModelList(data=[card]).model_dump()
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", dependencies=v1)
     async def model(model: str) -> dict:
         if model != service.config.model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves {service.config.model_name!r}",
                            param="model", code="model_not_found")
         return s.ModelCard(id=model, created=service.created).model_dump()
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=v1, openapi_extra=_json_body(s.CompletionRequest))
     async def completions(request: Request) -> Response:
         return await _counted(service, "completions", _handle(service, request, chat=False))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=v1, openapi_extra=_json_body(s.ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await _counted(service, "chat_completions", _handle(service, request, chat=True))
 
+    app.openapi = lambda: _openapi(app, service)  # type: ignore[method-assign]
     return app
+
+
+def _authorizer(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """A dependency that refuses a request without `Authorization: Bearer <api_key>` (none when no key is set).
+    The comparison takes the same time wherever the tokens differ."""
+    expected = None if api_key is None else api_key.encode()
+
+    async def authorize(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected):
+            raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    return authorize
+
+
+def _json_body(model: type[BaseModel]) -> dict:
+    """The route's request body in OpenAPI terms: the handlers read raw JSON (so that bad input gets this API's own
+    400 messages), so FastAPI cannot see the model; `_openapi` adds the models to the components."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _openapi(app: FastAPI, service: Service) -> dict:
+    """FastAPI's schema plus the request models (see _request_schemas)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(_request_schemas(service))
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def _request_schemas(service: Service) -> dict[str, dict]:
+    """The request models' JSON schemas, narrowed to what this server accepts (anything else is a 4xx): its model
+    name and drafters, max_tokens within the context, at most 4 stop strings, unimplemented fields only at their
+    neutral values. Schema-driven clients and fuzzers then know which requests decode."""
+    _, defs = models_json_schema([(s.CompletionRequest, "validation"), (s.ChatCompletionRequest, "validation")],
+                                 ref_template="#/components/schemas/{model}")
+    schemas = defs["$defs"]
+    for model in (s.CompletionRequest, s.ChatCompletionRequest, s.ChatMessage):
+        properties = schemas[model.__name__]["properties"]
+        for name, values in model.accepted_values().items():
+            properties[name] = {"enum": [None, *values]}
+    tokens = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": service.target.max_positions - 1},
+                        {"type": "null"}]}
+    for model in (s.CompletionRequest, s.ChatCompletionRequest):
+        properties = schemas[model.__name__]["properties"]
+        properties["model"] = {"type": "string", "enum": [service.config.model_name]}
+        properties["stop"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                                              "maxItems": 4}, {"type": "null"}]}
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in properties:
+                properties[name] = tokens
+    schemas["SpeculationOptions"]["properties"]["drafter"] = {"enum": [None, *service.drafters]}
+    schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size)
+    message = schemas["ChatMessage"]  # content may be null or left out only in an assistant message: not told here
+    message["required"] = [*message.get("required", []), "content"]
+    content = message["properties"]["content"]
+    content["anyOf"] = [option for option in content["anyOf"] if option != {"type": "null"}]
+    return schemas
+
+
+def _prompt_schema(vocab: int) -> dict:
+    """A non-empty text or list of token ids, alone or as a batch of one."""
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}}
+    return {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}, ids,
+                      {"type": "array", "items": ids, "minItems": 1, "maxItems": 1}]}
 
 
 async def _counted(service: Service, endpoint: str, work) -> Response:
@@ -143,7 +228,8 @@ async def _counted(service: Service, endpoint: str, work) -> Response:
 
 # -- one request -------------------------------------------------------------------------------------------------
 async def _handle(service: Service, request: Request, chat: bool) -> Response:
-    body = await _read_body(request, service.config.max_body_bytes)
+    _require_json(request)
+    body = await _read_body(request, service.config.max_body_bytes, service.config.body_timeout_s)
     schema = s.ChatCompletionRequest if chat else s.CompletionRequest
     try:
         req = schema.model_validate_json(body)
@@ -265,7 +351,33 @@ def _usage(stats: RequestStats) -> s.Usage:
 
 
 # -- validation and encoding ---------------------------------------------------------------------------------------
-async def _read_body(request: Request, limit: int) -> bytes:
+def _require_json(request: Request) -> None:
+    """Only JSON bodies: a browser sends text/plain, form or untyped bodies cross-origin without a CORS preflight,
+    so parsing those as JSON would let any web page start generations here."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    subtype = media_type.removeprefix("application/")
+    if subtype == media_type or not (subtype == "json" or subtype.endswith("+json")):
+        got = f"got {media_type!r}" if media_type else "got no Content-Type"
+        raise APIError(415, f"the request body must be JSON with Content-Type: application/json; {got}",
+                       code="unsupported_media_type")
+
+
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, or a one-line error: 413 when too large, 408 when too slow, 499 when the client went away
+    (logged as one line: a client hanging up is not a server fault)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_limited(request, limit)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout") from None
+    except ClientDisconnect:
+        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+        log.warning("%s disconnected before sending the whole request body to %s", client, request.url.path)
+        raise APIError(499, "the client disconnected before sending the whole request body",
+                       code="client_disconnected") from None
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
     too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..config import ConfigError
 
 K_POLICIES = ("measured", "calibrate", "fixed")
+API_KEY_ENV = "SPECDECODE_API_KEY"
+MAX_HEADER_BYTES = 16 << 10  # h11 buffers at most this much of an unfinished request head, then answers 400
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +35,9 @@ def check_limits(args: argparse.Namespace) -> None:
             raise ConfigError(f"{name} must be >= {low}")
 
 
-def build_service(args: argparse.Namespace):
-    """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started)."""
+def build_service(args: argparse.Namespace, api_key: str | None = None):
+    """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started).
+    With an api_key, /v1/* needs `Authorization: Bearer <api_key>`."""
     from ..cli import check_drafter_flags, default_dtype, fast_config, spec_config
     from ..drafters import AUTO, best_drafter_name, build_drafter, registry
     from ..models import load_model
@@ -43,7 +47,8 @@ def build_service(args: argparse.Namespace):
 
     check_limits(args)
     if args.drafter == AUTO:  # a named drafter: requests and metrics refer to it by name
-        args.drafter = best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu")
+        args.drafter = best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu",
+                                         args.draft_model is not None)
     names = [args.drafter] + [n.strip() for n in args.allow_drafters.split(",") if n.strip()]
     unknown = [n for n in names if n not in registry()]
     if unknown:
@@ -55,7 +60,7 @@ def build_service(args: argparse.Namespace):
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
-    loaded = load_model(args.model, device=args.device, dtype=default_dtype(args))
+    loaded = load_model(args.model, device=args.device, dtype=default_dtype(args), weights=args.weights)
     fast = fast_config(args)  # --compile: graphs are compiled per (batch size, block bucket) as they first occur
     target = Target(loaded.model, loaded.tokenizer, fast)
     drafters = {name: build_drafter(target, _drafter_config(args, name), spec)
@@ -68,7 +73,7 @@ def build_service(args: argparse.Namespace):
         print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
         policy = SpecPolicy(table, max_k=spec.max_k if spec.adaptive else spec.k)
     name = args.served_model_name or loaded.name
-    server = ServerConfig(name, args.max_batch, args.max_queue, args.default_max_tokens)
+    server = ServerConfig(name, args.max_batch, args.max_queue, args.default_max_tokens, api_key=api_key)
     service = build(target, drafters, args.drafter, server, spec, policy)
     if fast.enabled:
         service.scheduler.engine.warmup()
@@ -95,9 +100,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
 
-    app = create_app(build_service(args))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    settings = uvicorn_settings(args)  # checked before the model loads
+    app = create_app(build_service(args, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None))
+    uvicorn.run(app, **settings)
     return 0
+
+
+def uvicorn_settings(args: argparse.Namespace) -> dict:
+    """uvicorn's keyword arguments: a connection cap (more connections are answered 503 by uvicorn), the idle
+    keep-alive timeout, and h11 with its bound on a buffered request head (h11 has it, httptools not: chosen here).
+    uvicorn has no timeout for a request head that arrives slowly: the connection cap bounds what slow clients hold;
+    slow bodies are timed out by the app (ServerConfig.body_timeout_s)."""
+    for name, low in (("--max-connections", 1), ("--timeout-keep-alive", 1)):
+        if getattr(args, name[2:].replace("-", "_")) < low:
+            raise ConfigError(f"{name} must be >= {low}")
+    return dict(host=args.host, port=args.port, log_level=args.log_level, http="h11",
+                limit_concurrency=args.max_connections, timeout_keep_alive=args.timeout_keep_alive,
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
 
 
 def _port(text: str) -> int:
@@ -117,4 +136,11 @@ def register(subparsers, name: str) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_port, default=8000)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set); "
+                             "/health and /metrics stay open")
+    parser.add_argument("--max-connections", type=int, default=512,
+                        help="open connections (and requests in flight) before uvicorn answers 503")
+    parser.add_argument("--timeout-keep-alive", type=int, default=5,
+                        help="seconds an idle keep-alive connection stays open")
     parser.set_defaults(func=cmd_serve)

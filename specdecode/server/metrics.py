@@ -1,4 +1,12 @@
-"""Prometheus metrics of one server instance, in its own registry (several apps may live in one process)."""
+"""Prometheus metrics of one server instance, in its own registry (several apps may live in one process).
+
+The spec-decode counters follow vLLM's (`vllm:spec_decode_num_drafts_total`, ...) under this server's prefix:
+a draft is one verification pass of one sequence that proposed at least one token; its draft tokens are its depth
+(K for a chain, the longest path for a tree); accepted tokens are the draft tokens the target kept, and
+`..._per_pos_total{position="i"}` counts drafts whose token at depth i + 1 was kept (position 0 is the first).
+So accepted / draft tokens is the token-weighted acceptance rate and 1 + accepted / drafts the mean acceptance
+length (the bonus token included), over any scrape interval.
+"""
 from __future__ import annotations
 
 from typing import Callable
@@ -24,7 +32,17 @@ class ServerMetrics:
                                      "Batched target verification passes (one per scheduler step)", registry=r)
         self.sequence_passes = Counter("specdecode_sequence_passes",
                                        "Sequence-rows verified (a step over b rows adds b)", registry=r)
-        self.acceptance = Histogram("specdecode_acceptance_rate", "Per-generation draft acceptance rate",
+        self.drafts = Counter("specdecode_spec_decode_num_drafts", "Sequence-passes that verified a non-empty draft",
+                              registry=r)
+        self.draft_tokens = Counter("specdecode_spec_decode_num_draft_tokens", "Draft tokens proposed (draft depth)",
+                                    registry=r)
+        self.accepted_tokens = Counter("specdecode_spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                       registry=r)
+        self.accepted_per_pos = Counter("specdecode_spec_decode_num_accepted_tokens_per_pos",
+                                        "Drafts whose token at this position (0 = first) was accepted", ["position"],
+                                        registry=r)
+        self.acceptance = Histogram("specdecode_acceptance_rate",
+                                    "Per-generation draft acceptance rate (generations that drafted something)",
                                     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0), registry=r)
         self.tau = Histogram("specdecode_tau", "Per-generation tokens per target pass",
                              buckets=(1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0), registry=r)
@@ -45,6 +63,16 @@ class ServerMetrics:
         """Read the queue depth and batch size live at scrape time."""
         self.queue_depth.set_function(queued)
         self.active.set_function(active)
+
+    def observe_draft(self, drafted: int, accepted: int) -> None:
+        """One sequence's verification pass: a draft of depth `drafted`, of which `accepted` tokens were kept."""
+        if drafted <= 0:
+            return
+        self.drafts.inc()
+        self.draft_tokens.inc(drafted)
+        self.accepted_tokens.inc(accepted)
+        for position in range(accepted):
+            self.accepted_per_pos.labels(str(position)).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -292,7 +292,9 @@ class Scheduler:
             proposed, accepted, draft_s, _ = before[slots.index(slot)]
             m = slot.seq.metrics
             memory = self.policy.memory if self.policy else 1.0
-            evidence = (slot.seq.ctx.k, m.proposed - proposed, m.accepted - accepted)
+            drafted, kept = m.proposed - proposed, m.accepted - accepted
+            self.metrics.observe_draft(drafted, kept)
+            evidence = (slot.seq.ctx.k, drafted, kept)
             slot.stats.observe(*evidence, memory=memory)
             self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
             if slot.seq.ctx.k > 0:
@@ -351,7 +353,7 @@ class Scheduler:
             return
         stats = self._stats(slot)
         self.metrics.tau.observe(stats.tau)
-        if slot.length.own_k > 0:
+        if slot.seq.metrics.proposed > 0:  # a generation that drafted nothing has no acceptance rate (not 0.0)
             self.metrics.acceptance.observe(stats.acceptance_rate)
         if slot.first_token_at is not None and stats.completion_tokens > 1:
             self.metrics.tpot.observe((time.perf_counter() - slot.first_token_at) / (stats.completion_tokens - 1))

@@ -28,6 +28,13 @@ class _Request(BaseModel):
 
     # field -> the values that mean "not used", for fields this server does not implement (declared as `Any`)
     NEUTRAL: ClassVar[dict[str, tuple]] = {}
+    # typed fields that unsupported() accepts only at these values (or null), told to OpenAPI readers
+    ONLY: ClassVar[dict[str, tuple]] = {}
+
+    @classmethod
+    def accepted_values(cls) -> dict[str, tuple]:
+        """field -> the only values accepted besides null (the request's other values are a 400)."""
+        return {**cls.NEUTRAL, **cls.ONLY}
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(param, message) for features requested here that this server does not implement."""
@@ -87,6 +94,8 @@ class _Sampling(_Request):
         "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
         "include_stop_str_in_output": (False,), "guided_json": (), "guided_regex": (), "guided_choice": (),
         "guided_grammar": ()}
+    ONLY: ClassVar[dict[str, tuple]] = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
+                                        "logit_bias": ({},), "logprobs": (False,)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
@@ -108,6 +117,7 @@ class CompletionRequest(_Sampling):
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
+    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "echo": (False,), "best_of": (1,), "suffix": ("",)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
@@ -166,6 +176,8 @@ class ChatCompletionRequest(_Sampling):
         "modalities": (["text"],), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
         "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
         "continue_final_message": (False,)}
+    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "top_logprobs": (0,), "tools": ([],),
+                                        "tool_choice": ("none", "auto"), "response_format": ({}, {"type": "text"})}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()

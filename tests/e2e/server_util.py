@@ -33,11 +33,13 @@ PROMPTS = [
 
 
 def tiny_service(target: Target, drafters: dict | None = None, default: str = "prompt-lookup", max_batch: int = 8,
-                 max_queue: int = 64, policy: SpecPolicy | None = None) -> Service:
+                 max_queue: int = 64, policy: SpecPolicy | None = None, **options) -> Service:
+    """options: further ServerConfig fields (api_key, body_timeout_s, ...)."""
     if drafters is None:
         drafters = {name: build_drafter(target, DrafterConfig(name=name), SPEC)
                     for name in ("prompt-lookup", "layer-skip")}
-    return build_service(target, drafters, default, ServerConfig(MODEL, max_batch, max_queue, 64), SPEC, policy)
+    config = ServerConfig(MODEL, max_batch, max_queue, 64, **options)
+    return build_service(target, drafters, default, config, SPEC, policy)
 
 
 def reference(target: Target, prompt_ids: list[int], max_new_tokens: int, drafter: str = "none",

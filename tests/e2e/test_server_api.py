@@ -266,6 +266,7 @@ def test_full_queue_answers_429_and_disconnects_free_rows(one_row_server):
                 refused = httpx.post(url, json=body)
                 assert refused.status_code == 429
                 assert refused.json()["error"]["type"] == "rate_limit_error"
+                assert refused.headers["retry-after"] == "1"
                 assert waiting.status_code == 200
         # both clients hung up mid-stream: the rows and the queue empty within a step or so
         state = _wait_idle(one_row_server, timeout=3.0)
@@ -332,8 +333,9 @@ def test_prompt_forms_and_developer_role(tiny_target, server):
 
 def test_oversized_body_is_413_whether_declared_or_streamed(server):
     body = b'{"model": "tiny", "prompt": "' + b"x" * (9 << 20) + b'"}'
-    declared = httpx.post(server.url + "/v1/completions", content=body, timeout=30)
-    streamed = httpx.post(server.url + "/v1/completions", timeout=30,
+    json_type = {"Content-Type": "application/json"}
+    declared = httpx.post(server.url + "/v1/completions", content=body, headers=json_type, timeout=30)
+    streamed = httpx.post(server.url + "/v1/completions", headers=json_type, timeout=30,
                           content=(body[i:i + (1 << 20)] for i in range(0, len(body), 1 << 20)))
     for reply in (declared, streamed):
         assert reply.status_code == 413, reply.text

@@ -1,0 +1,310 @@
+"""Serving defects found by probing the server as a careless client would, each on a real uvicorn server on
+127.0.0.1 with the tiny model: sampling values the schema accepts that produced NaN, spec-decode counters,
+a client that hangs up mid-body, slow bodies, non-JSON bodies, the API key, the OpenAPI request bodies and the
+`serve` flags that reach uvicorn."""
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import logging
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdecode.cli import main
+from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.base import BaseDrafter, Draft
+from specdecode.engine import Engine
+from specdecode.server.app import create_app
+from specdecode.server.background import BackgroundServer
+from tests.e2e.server_util import MODEL, SPEC, reference, tiny_service
+
+LOOKUP = DrafterConfig(name="prompt-lookup", row_cost=0.0)  # drafts every token it finds, on any device
+ORACLE_PROMPT = "Count the drafts"
+ORACLE_TOKENS = 10
+API_KEY = "sekrit-key"
+
+
+class Oracle(BaseDrafter):
+    """Drafts the target's own greedy continuation (known in advance) with a wrong token at index `wrong_at`: the
+    target keeps exactly `wrong_at` tokens of a draft that reaches it and all of a shorter one."""
+
+    name = "oracle"
+
+    def __init__(self, expected: list[int], wrong_at: int, vocab: int):
+        self.expected, self.wrong_at, self.vocab = expected, wrong_at, vocab
+
+    def propose(self, seqs):
+        return [Draft.chain(self._draft(seq)) for seq in seqs]
+
+    def _draft(self, seq) -> list[int]:
+        done = len(seq.tokens)
+        tokens = list(self.expected[done : done + seq.k])
+        if len(tokens) > self.wrong_at:
+            tokens[self.wrong_at] = (tokens[self.wrong_at] + 1) % self.vocab
+        return tokens
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target):
+    ids = tiny_target.tokenizer(ORACLE_PROMPT)["input_ids"]
+    expected = ids + reference(tiny_target, ids, ORACLE_TOKENS, stop_on_eos=False).token_ids
+    drafters = {"prompt-lookup": build_drafter(tiny_target, LOOKUP, SPEC),
+                "oracle": Oracle(expected, wrong_at=2, vocab=tiny_target.vocab_size)}
+    with BackgroundServer(create_app(tiny_service(tiny_target, drafters, body_timeout_s=1.0))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_target):
+    with BackgroundServer(create_app(tiny_service(tiny_target, api_key=API_KEY))) as running:
+        yield running
+
+
+def _metrics(server) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(server.url + "/metrics").text
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _delta(before: dict, after: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def _complete(server, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(server.url + "/v1/completions", json={"model": MODEL, **body}, headers=headers, timeout=60)
+
+
+def _sse_text(server, body: dict) -> str:
+    with httpx.stream("POST", server.url + "/v1/completions", json={"model": MODEL, **body, "stream": True},
+                      timeout=60) as reply:
+        assert reply.status_code == 200
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+# -- numerics: any temperature / top_p the schema accepts --------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("sampling", [{"temperature": 1e-38}, {"temperature": 5e-324}, {"top_p": 5e-324}],
+                         ids=["temperature-1e-38", "temperature-5e-324", "top-p-5e-324"])
+def test_extreme_sampling_values_decode_greedily(tiny_target, server, sampling, stream):
+    """logits / 1e-38 overflowed float32 and top_p 5e-324 rounded to 0, dropping every token: a 500 (or, streaming,
+    a 200 with an error event). Both are the greedy limit: the text is plain greedy decoding's."""
+    prompt = "The quick brown fox"
+    expected = reference(tiny_target, tiny_target.tokenizer(prompt)["input_ids"], 12).text
+    body = {"prompt": prompt, "max_tokens": 12, "seed": 3, **sampling}
+    if stream:
+        assert _sse_text(server, body) == expected
+    else:
+        reply = _complete(server, body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["text"] == expected
+
+
+# -- spec-decode counters ----------------------------------------------------------------------------------------------
+def test_spec_decode_counters_are_exact_for_known_drafts(server):
+    """K = 4, 10 tokens, the third draft token always wrong. Passes: draft 4 keep 2 (+1), draft 4 keep 2 (+1),
+    draft 3 keep 2 (+1), then 1 token left, so no draft: 3 drafts, 11 draft tokens, 6 accepted, positions 0 and 1
+    accepted 3 times each."""
+    before = _metrics(server)
+    reply = _complete(server, {"prompt": ORACLE_PROMPT, "max_tokens": ORACLE_TOKENS, "temperature": 0,
+                               "ignore_eos": True, "speculation": {"drafter": "oracle"}})
+    after = _metrics(server)
+    usage = reply.json()["usage"]
+    assert (usage["completion_tokens"], usage["target_passes"], usage["acceptance_rate"]) == (10, 4, round(6 / 11, 4))
+    counted = {name: _delta(before, after, f"specdecode_spec_decode_num_{name}_total")
+               for name in ("drafts", "draft_tokens", "accepted_tokens")}
+    assert counted == {"drafts": 3, "draft_tokens": 11, "accepted_tokens": 6}
+    per_position = [_delta(before, after, "specdecode_spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+                    for i in range(4)]
+    assert per_position == [3, 3, 0, 0]
+    assert _delta(before, after, "specdecode_acceptance_rate_count") == 1
+
+
+def test_spec_decode_counters_match_the_engines_own_metrics(tiny_target, server):
+    """Prompt lookup on a repetitive prompt, greedy: the same drafts as the request decoded alone by an engine with
+    the server's speculation settings, whose per-generation metrics count them independently."""
+    prompt = "a b c a b c a b c a b"
+    spec = dataclasses.replace(SPEC, pause_below=0.0, pause_on_time=False)  # the server's (the K policy is off)
+    engine = Engine(tiny_target, build_drafter(tiny_target, LOOKUP, spec), spec)
+    alone = engine.generate(tiny_target.tokenizer(prompt)["input_ids"], SamplingConfig(), GenerationConfig(24))
+    before = _metrics(server)
+    usage = _complete(server, {"prompt": prompt, "max_tokens": 24, "temperature": 0}).json()["usage"]
+    after = _metrics(server)
+    m = alone.metrics
+    assert m.proposed > 0 and usage["target_passes"] == m.target_passes
+    assert _delta(before, after, "specdecode_spec_decode_num_drafts_total") == m.proposed_at[0]
+    assert _delta(before, after, "specdecode_spec_decode_num_draft_tokens_total") == m.proposed
+    assert _delta(before, after, "specdecode_spec_decode_num_accepted_tokens_total") == m.accepted
+    assert [_delta(before, after, "specdecode_spec_decode_num_accepted_tokens_per_pos_total", position=str(i))
+            for i in range(len(m.accepted_at))] == m.accepted_at
+    assert usage["acceptance_rate"] == round(m.accepted / m.proposed, 4)
+
+
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "none"])
+def test_a_generation_that_drafted_nothing_records_no_acceptance_rate(server, drafter):
+    """max_tokens 1 leaves no room for a draft: no acceptance sample (it was recorded as 0.0, like a generation
+    whose drafts all failed), no draft counted; the generation itself is recorded."""
+    before = _metrics(server)
+    reply = _complete(server, {"prompt": "x y z", "max_tokens": 1, "speculation": {"drafter": drafter}})
+    after = _metrics(server)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1
+    assert _delta(before, after, "specdecode_tau_count") == 1
+    assert _delta(before, after, "specdecode_acceptance_rate_count") == 0
+    assert _delta(before, after, "specdecode_spec_decode_num_drafts_total") == 0
+
+
+# -- transport: disconnects, slow bodies, content types ----------------------------------------------------------------
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _partial_request(server, body: bytes, declared: int) -> http.client.HTTPConnection:
+    """A POST that declares `declared` body bytes and sends only `body`."""
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    connection.putrequest("POST", "/v1/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(declared))
+    connection.endheaders(body)
+    return connection
+
+
+def test_client_disconnect_mid_body_is_one_log_line_and_a_499(server):
+    """It was a 63-line ClientDisconnect traceback and no count in the request counter."""
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "specdecode")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        before = _metrics(server)
+        connection = _partial_request(server, b'{"model": "tiny", "prompt": "hal', declared=1000)
+        time.sleep(0.3)  # the handler is waiting for the rest of the body
+        connection.close()
+        deadline = time.monotonic() + 5
+        while _delta(before, _metrics(server), "specdecode_requests_total", endpoint="completions", status="499") < 1:
+            assert time.monotonic() < deadline, "the disconnect was not counted as a 499"
+            time.sleep(0.05)
+        time.sleep(0.2)  # anything logged after the response would show up here
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    lines = [r.getMessage() for r in records.records]
+    assert not [r for r in records.records if r.exc_info], lines
+    assert len(lines) == 1 and "disconnected" in lines[0] and "\n" not in lines[0], lines
+    assert _complete(server, {"prompt": "still serving", "max_tokens": 2}).status_code == 200
+
+
+def test_a_body_that_arrives_too_slowly_is_408(server):
+    connection = _partial_request(server, b'{"model": "tiny", ', declared=100)
+    try:
+        reply = connection.getresponse()  # the server gives up after body_timeout_s (1 s here)
+        status, error = reply.status, json.loads(reply.read())["error"]
+    finally:
+        connection.close()
+    assert status == 408
+    assert error["code"] == "request_timeout" and "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None])
+def test_non_json_bodies_are_415_and_start_nothing(server, content_type):
+    """A browser sends these cross-origin without a CORS preflight: they were parsed as JSON and decoded."""
+    body = json.dumps({"model": MODEL, "prompt": "cross-origin", "max_tokens": 2}).encode()
+    before = _metrics(server)
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    reply = httpx.post(server.url + "/v1/chat/completions" if content_type == "multipart/form-data"
+                       else server.url + "/v1/completions", content=body, headers=headers)
+    assert reply.status_code == 415, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "\n" not in error["message"]
+    assert _delta(before, _metrics(server), "specdecode_prompt_tokens_total") == 0
+
+
+def test_json_with_parameters_is_accepted(server):
+    body = json.dumps({"model": MODEL, "prompt": "charset", "max_tokens": 2}).encode()
+    reply = httpx.post(server.url + "/v1/completions", content=body,
+                       headers={"Content-Type": "application/json; charset=utf-8"})
+    assert reply.status_code == 200, reply.text
+
+
+# -- API key -----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method,path,headers", [
+    ("GET", "/v1/models", {}),
+    ("GET", "/v1/models/tiny", {}),
+    ("POST", "/v1/completions", {"Authorization": "Bearer wrong"}),
+    ("POST", "/v1/chat/completions", {"Authorization": f"Basic {API_KEY}"}),
+    ("POST", "/v1/completions", {"Authorization": API_KEY}),
+])
+def test_api_key_refuses_requests_without_it(keyed_server, method, path, headers):
+    body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    reply = httpx.request(method, keyed_server.url + path, headers=headers, json=body if method == "POST" else None)
+    assert reply.status_code == 401, reply.text
+    assert reply.headers["www-authenticate"] == "Bearer"
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_api_key" and "\n" not in error["message"]
+
+
+def test_api_key_admits_the_bearer_and_leaves_health_and_metrics_open(keyed_server):
+    client = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens >= 1
+    for path in ("/health", "/metrics"):
+        assert httpx.get(keyed_server.url + path).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+# -- OpenAPI -----------------------------------------------------------------------------------------------------------
+def test_openapi_declares_both_request_bodies(server):
+    """The handlers read raw JSON, so FastAPI declared no request body and schema tools could not test the API."""
+    doc = httpx.get(server.url + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    for path, required in (("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")):
+        body = doc["paths"][path]["post"]["requestBody"]
+        assert body["required"] is True
+        ref = body["content"]["application/json"]["schema"]["$ref"]
+        schema = schemas[ref.removeprefix("#/components/schemas/")]
+        assert set(schema["required"]) == {"model", required}
+        assert schema["properties"]["model"]["enum"] == [MODEL]
+    refs = {part.split('"')[0] for part in json.dumps(doc).split('"$ref": "#/components/schemas/')[1:]}
+    assert refs <= set(schemas)
+
+
+# -- serve flags -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,env,key", [([], None, None), ([], "from-env", "from-env"),
+                                          (["--api-key", "from-flag"], "from-env", "from-flag")])
+def test_serve_passes_the_key_and_connection_limits(monkeypatch, argv, env, key):
+    seen: dict = {}
+    monkeypatch.setattr("specdecode.server.cli.build_service",
+                        lambda args, api_key=None: seen.update(api_key=api_key) or "service")
+    monkeypatch.setattr("specdecode.server.app.create_app", lambda service: "app")
+    monkeypatch.setattr("uvicorn.run", lambda app, **settings: seen.update(settings))
+    if env is None:
+        monkeypatch.delenv("SPECDECODE_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("SPECDECODE_API_KEY", env)
+    assert main(["serve", "--max-connections", "7", "--timeout-keep-alive", "3", *argv]) == 0
+    assert seen["api_key"] == key
+    assert (seen["limit_concurrency"], seen["timeout_keep_alive"]) == (7, 3)
+    assert seen["http"] == "h11" and seen["h11_max_incomplete_event_size"] == 16 << 10
+
+
+@pytest.mark.parametrize("flag", ["--max-connections", "--timeout-keep-alive"])
+def test_bad_connection_flags_are_one_line(capsys, flag):
+    assert main(["serve", flag, "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{flag} must be >= 1" in err and "\n" not in err
