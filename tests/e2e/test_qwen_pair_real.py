@@ -1,8 +1,8 @@
-"""The real pair: Qwen2.5-Coder-1.5B-Instruct (target, bf16 on the CPU) drafted by Qwen2.5-Coder-0.5B-Instruct
-(int8 weights), both assembled from their part packages. Greedy output of the draft-model drafter, with a fixed
-chain and with adaptive K, equals plain greedy decoding of the same target on three prompts; the drafts are
-really accepted; and a corrupted assembled GGUF is detected and rebuilt. The first run converts both models
-once (~2 + ~5 min on a 2-core CPU); later loads take seconds."""
+"""The real pair: Qwen2.5-Coder-1.5B-Instruct (target) drafted by Qwen2.5-Coder-0.5B-Instruct, both assembled
+from their part packages and decoding with their CPU default of int8 linear weights. Greedy output of the
+draft-model drafter, with a fixed chain and with adaptive K, equals plain greedy decoding of the same target
+on three prompts; the drafts are really accepted; and a corrupted assembled GGUF is detected and rebuilt. The first run converts both models
+once (~1.5 + ~4.5 min on a 2-core CPU); later loads take seconds."""
 from __future__ import annotations
 
 import importlib.util
@@ -36,7 +36,7 @@ pytestmark = [
 def pair() -> tuple[Target, DraftModel]:
     from specdecode.models import load_model
 
-    loaded = load_model(TARGET)
+    loaded = load_model(TARGET, weights="auto")
     target = Target(loaded.model, loaded.tokenizer)
     drafter = build_drafter(target, DrafterConfig(name="draft-model", draft_model=DRAFT), SpecConfig())
     assert isinstance(drafter, DraftModel)  # same tokenizer: token drafting, not the cross-tokenizer bridge
@@ -49,12 +49,10 @@ def chat_ids(target: Target, text: str) -> list[int]:
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
-def test_target_decodes_in_bf16_and_draft_in_int8(pair):
-    import torch
-
+def test_both_decode_with_int8_weights(pair):
     target, drafter = pair
-    assert target.dtype == torch.bfloat16
-    assert any(type(m).__name__ == "Int8Linear" for m in drafter.draft.model.modules())
+    for model in (target.model, drafter.draft.model):
+        assert type(model.get_output_embeddings()).__name__ == "Int8Linear"
 
 
 @pytest.mark.parametrize("adaptive", [False, True], ids=["chain", "adaptive"])
