@@ -170,7 +170,18 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
     model.to(device).eval()
     if int8:
         quantize_linears(model)
+        _own_tensors(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=canonical_name(spec) or spec)
+
+
+def _own_tensors(model: torch.nn.Module) -> None:
+    """Copy every parameter and buffer into memory of its own. Loaded weights are views of the safetensors file
+    mapped whole; once the linears are int8 copies, the few float tensors left (embeddings, norms) would keep
+    the whole fp32 file mapped: 6.1 GB of resident file pages for the 1.5B, against 1.9 GB of its own (measured
+    with /proc/self/status RssFile / RssAnon)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.data = tensor.data.clone()
 
 
 WEIGHTS = ("auto", "same", "int8")  # load_model(weights=...) / --weights
