@@ -89,7 +89,7 @@ class SpecDecoder:
 
 
 def _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast) -> None:
-    """load()'s arguments, before anything loads (a wrong type was a TypeError from deep inside torch)."""
+    """load()'s arguments, before anything loads (a wrong type would otherwise be a TypeError from deep inside torch)."""
     if model is not None and not isinstance(model, (str, PathLike)):
         raise ConfigError(f"model must be a path, hub id or None, got {model!r}")
     if not isinstance(drafter, str):

@@ -34,8 +34,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
                              "dir, .gguf file or hub id (default: smollm2-135m-instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
-                        help=f"drafting method ({AUTO}: the best measured one for the device, "
-                             "drafters.BEST_DRAFTER: prompt-lookup today)")
+                        help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
+                             "measured one for the device, drafters.BEST_DRAFTER)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
     parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
                         help="draft-model: int8 weights (auto: on the CPU, where measured faster) or the target's dtype")
@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     for name, module in (("bench", "specdecode.bench.cli"), ("serve", "specdecode.server.cli"),
-                         ("train", "specdecode.train.cli"), ("bench-serve", "specdecode.server.bench_cli"),
-                         ("bench-fastpath", "specdecode.bench.fastpath")):
+                         ("train", "specdecode.train.cli"), ("bench-serve", "specdecode.bench.serve"),
+                         ("bench-fastpath", "specdecode.bench.fastpath"), ("bench-quality", "specdecode.bench.quality")):
         try:
             register = __import__(module, fromlist=["register"]).register
         except ImportError:

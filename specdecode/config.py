@@ -78,15 +78,13 @@ class SpecConfig:
     confidence: a model drafter stops drafting early when its top probability falls below it (0 = off).
     pause_below / pause_window / pause_steps: when the last pause_window drafting steps accepted fewer than
     pause_below draft tokens per step on average, draft nothing for pause_steps steps (plain decoding), then
-    try again; each failed retry doubles the pause (speculation.SpeculationLength). A verify pass of a few
-    tokens costs ~1.5x a one-token pass on these CPUs (29 ms at 1 token, ~5 ms per extra token, README), so a
-    drafter that keeps missing makes decoding slower than plain; on a GPU the pause costs at most the few
-    tokens it would have accepted. 0 turns it off.
+    try again; each failed retry doubles the pause (speculation.SpeculationLength). On a CPU every verified
+    row costs time, so a drafter that keeps missing makes decoding slower than plain; on a GPU the pause
+    costs at most the few tokens it would have accepted. 0 turns it off.
     pause_on_time / pause_time_margin: also pause (same window, same back-off) when the window's drafting steps
     cost more wall time per committed token than plain steps of the same sequence, by more than the margin
     (0.05: 5 %). Accepting tokens is not enough to pay: drafting plus a wider verify pass can cost more per
-    committed token than a one-token pass (on a 2-core CPU lookahead ran at 0.90x our plain decoding while
-    accepting 0.37 of its draft, and a draft model half the target's size at 0.6x), and which drafters lose
+    committed token than a one-token pass (docs/design-notes.md, "Measured defaults"), and which drafters lose
     depends on the machine, the model and the prompt, so it is measured per sequence rather than configured.
     On by default. Greedy output does not depend on K, so the rule is lossless and changes only speed; a seeded
     sampled sequence ignores it (its random draws depend on K, and a seed must reproduce the same text).

@@ -15,7 +15,7 @@ class FastPathConfig:
     """enabled: static cache + padded steps; compile: torch.compile them (backend/mode below);
     capacity: static cache slots per row at first (a request that needs more doubles it, at the price of a
     recompilation); None = 2048 on CUDA, where reading unused slots is nearly free, 512 on CPU, where every
-    pass reads the whole static cache (measured: a compiled plain step at 2048 slots 35.1 tok/s vs 41.2 at 512);
+    pass reads the whole static cache (measured: docs/design-notes.md, "Measured defaults");
     grouped_attention: attention reads each cached key/value head once (attention.py) instead of transformers'
     copy of the whole static cache per layer;
     capture: on CUDA, record each compiled step shape in our own CUDA graph (cuda_graphs.py) instead of

@@ -54,12 +54,10 @@ BEST_DRAFTER = {"cpu": "prompt-lookup", "cuda": "prompt-lookup"}
 
 def best_drafter_name(device_type: str, has_draft_model: bool = False) -> str:
     """A draft model, when one is given (the user chose it: a same-family draft is what speculation is for).
-    Otherwise the fastest drafter measured by `specdecode bench` on the default model (README, "Benchmark"). CPU: prompt
-    lookup, whole built-in set 2026-11-23: 1.83x `generate` against EAGLE's 1.68x and plain decoding's 1.68x
-    (with cpu_gemm's kernel a one-token pass costs ~29 ms and every extra verified row ~5 ms, so EAGLE's tau
-    2.22 no longer pays for its draft steps and wider passes; before that kernel EAGLE led, 1.44x vs 1.18x).
-    CUDA: prompt lookup, where the fast path makes a target pass ~2 ms and EAGLE's tree drafting is bound by
-    host work (measured on an H100). Kept per device so a new measurement changes one entry."""
+    Otherwise the fastest drafter measured by `specdecode bench` on the default model, per device
+    (BEST_DRAFTER): on the CPU EAGLE's higher tau does not pay for its draft steps and wider passes, and on CUDA
+    its tree drafting is bound by host work. Kept per device so a new measurement changes one entry.
+    Re-measure with `specdecode bench` on the whole built-in set (command and figures: docs/benchmarks.md)."""
     if has_draft_model:
         return "draft-model"
     return BEST_DRAFTER.get(device_type, "prompt-lookup")

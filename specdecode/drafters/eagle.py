@@ -9,16 +9,12 @@ frontier. At the end the `nodes` best candidates of all depths form the draft tr
 its child, so the set is ancestor-closed). Tokens are chosen deterministically (q = None), which keeps
 multi-candidate rejection sampling over siblings lossless.
 
-Tree budget per device (TREE_BUDGETS), chosen by measurement. On the 2-core CPU every extra verified node costs
-~5 ms on top of a ~30 ms one-token pass (with cpu_gemm's kernel: 29 ms at q = 1, 49 at 4, 65 at 8, 80 at 16,
-fp32, 2 threads), so small trees win there: greedy, 128 tokens, first turns of one bench prompt per category,
-same process (none: 28.1 tok/s): top_k/depth/nodes 6/5/7: 24.1 tok/s (tau 3.06); 4/5/5: 26.7 (3.00); 3/4/4:
-27.2 (2.78); 4/4/4: 29.9 (2.78); 3/3/3: 30.2 (2.57); without the copy branch 2/3/3: 30.6 (2.00). (With the
-stock kernel, whose one-token pass cost 57 ms, 6/5/7 was best: 28.2 tok/s vs 16.2 plain.) On a GPU a pass is
-flat up to ~128 tokens: 10/8/63 there.
-The copy branch (prompt-lookup continuation grafted on, at most `depth` more nodes) lifts summaries and RAG
-(31/7: 3.32 -> 3.85 overall); an 8192-token bf16 draft head instead of 16384 in fp32 costs 0.04 tau and
-halves drafting time on the CPU. The depth is also capped by seq.k (the engine's speculation length).
+Tree budget per device (TREE_BUDGETS): small on a CPU, where every extra verified node costs time (3/3/3), large
+on a GPU, where a pass is flat up to ~128 tokens (10/8/63). The copy branch (prompt lookup's continuation
+grafted on, at most `depth` more nodes) lifts summaries and RAG; an 8192-token bf16 draft head on the CPU
+halves drafting time for little tau. Re-measure with `specdecode bench --limit 1 --methods
+specdecode-none,specdecode-eagle` per budget; figures in docs/design-notes.md ("Measured defaults").
+The depth is also capped by seq.k (the engine's speculation length).
 """
 from __future__ import annotations
 

@@ -31,27 +31,21 @@ class LookaheadConfig:
     """window W: Jacobi columns; ngram N: n-gram size (N-1 levels, candidates of N-1 tokens); candidates G:
     n-grams verified per pass.
 
-    Defaults from measurement on the 2-core development CPU (SmolLM2-135M, fp32, first turns of one bench
-    prompt per category, 128 tokens, same process; none ~28 tok/s there with cpu_gemm's kernel, whose
-    one-token pass costs ~29 ms and every extra row ~5 ms): W,N,G = 1,6,2: 23.3 tok/s (tau 1.71); 1,6,1: 25.2
-    (1.60); 1,3,2: 26.5 (1.52); 1,4,1: 27.9 (1.53); without the window (0,6,1, which is plain n-gram lookup
-    over prompt and output): 31.2 (1.62). Width is what costs on a CPU, so the default keeps the smallest
-    window that is still lookahead decoding: W=1, N=4, G=1. For the same reason a pass with nothing to verify
-    (no pool n-gram starts with the pending token) is a plain one-token pass without the window, unless
-    every_step (the paper's schedule, for GPUs where width is free: pass wider W, N, G there).
+    Defaults: width is what costs on a CPU, so the default keeps the smallest window that is still lookahead
+    decoding, W=1, N=4, G=1. For the same reason a pass with nothing to verify (no pool n-gram starts with the
+    pending token) is a plain one-token pass without the window, unless every_step (the paper's schedule, for
+    GPUs where width is free: pass wider W, N, G there). Re-measure with `specdecode generate --drafter
+    lookahead --lookahead W,N,G --json PROMPT` per setting; figures: docs/design-notes.md ("Measured defaults").
 
     row_cost: what one more row of a pass costs, in one-token passes; None = 0 (free rows) for a bare
-    Lookahead, the target's measured cost when built through the registry (Target.row_cost: ~0.14 on the dev
-    CPU, 0 on CUDA). Rows must earn their cost: for each kind of candidate (context-matched, i.e. the pool's
-    n-gram was seen after the same two tokens, or matched on the last token only) the depth verified is the
-    one that maximises expected tokens per pass cost by the acceptance measured so far in this sequence
-    (row_budget.DepthPolicy), and the Jacobi window runs only while the tokens accepted from n-grams it
-    harvested, per window pass, reach row_cost x its W(N-1) rows. What does not pay is still tried on the
-    probe_every-th chance, then after twice as many, up to 8x (so a change is noticed and the window keeps
-    harvesting a little). Measured on code and summarisation answers (12, 128 tokens, everything on):
-    context-matched candidates' tokens were accepted (each given the one before) 68%, 78%, 84% of the time,
-    last-token matches 22%, 64%, 72%, and n-grams from the window supplied 13 of 380 accepted tokens for 3
-    rows on each of 446 passes."""
+    Lookahead, the target's measured cost when built through the registry (Target.row_cost; 0 on CUDA). Rows
+    must earn their cost: for each kind of candidate (context-matched, i.e. the pool's n-gram was seen after
+    the same two tokens, or matched on the last token only) the depth verified is the one that maximises
+    expected tokens per pass cost by the acceptance measured so far in this sequence (row_budget.DepthPolicy),
+    and the Jacobi window runs only while the tokens accepted from n-grams it harvested, per window pass, reach
+    row_cost x its W(N-1) rows. What does not pay is still tried on the probe_every-th chance, then after twice
+    as many, up to 8x (so a change is noticed and the window keeps harvesting a little). Acceptance by kind and
+    the window's share of accepted tokens, as measured: docs/design-notes.md ("Measured defaults")."""
 
     window: int = 1
     ngram: int = 4

@@ -1,13 +1,14 @@
 """How deep a deterministic drafter should draft when every row of the verify pass costs time.
 
 On a GPU a verify pass of up to 64 tokens costs about as much as one, so a drafter proposes all it has. On a
-CPU each row costs: a pass of w tokens measured ~1 + 0.13 (w - 1) one-token passes (SmolLM2, fp32, 2 threads,
-cpu_gemm's kernel, 2026-11-23: w = 2, 4, 8, 16 -> 1.07, 1.32, 2.00, 2.56). Drafting a token pays only if its
-chance of being accepted beats what its row costs, and that chance differs by kind of proposal: after a
-three-token n-gram match prompt lookup's first token is accepted 86% of the time, after a one-token match 20%
-(measured on 48 bench answers). So drafters that propose from tables (prompt lookup, lookahead's pool) keep,
-per sequence and per kind of proposal, how often the j-th token was accepted once the (j-1)-th was, and
-draft the depth that maximises tokens per unit of pass cost:
+CPU each row costs (for SmolLM2 in fp32 with cpu_gemm's kernel, a pass of w tokens costs ~1 + 0.13 (w - 1)
+one-token passes; Target.row_cost measures it per model). Drafting a token pays only if its chance of being
+accepted beats what its row costs, and that chance differs by kind of proposal: after a three-token n-gram
+match prompt lookup's first token is accepted far more often than after a one-token match (the drafters'
+prior rates, from `specdecode bench` answers; figures in docs/design-notes.md, "Measured defaults"). So
+drafters that propose from tables (prompt lookup, lookahead's pool) keep, per sequence and per kind of
+proposal, how often the j-th token was accepted once the (j-1)-th was, and draft the depth that maximises
+tokens per unit of pass cost:
     (1 + P_1 + ... + P_d) / (1 + row_cost * d),  P_j = r_1 * ... * r_j.
 Depth 0 (a plain one-token pass) wins when even the first token is unlikely; such a kind is still probed with
 one token now and then, at doubling intervals, so a change is noticed.

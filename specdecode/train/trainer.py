@@ -38,7 +38,7 @@ class TrainConfig:
     val_fraction: float = 0.03
     checkpoint_every: int = 200
     seed: int = 0
-    trees: tuple[tuple[str, int], ...] = (("cpu", 3), ("cuda", 63))  # medusa: static tree nodes per device (CPU: measured, see README)
+    trees: tuple[tuple[str, int], ...] = (("cpu", 3), ("cuda", 63))  # medusa: nodes per device (design-notes)
 
 
 def make_net(config: TrainConfig, target_config, draft_ids: torch.Tensor) -> torch.nn.Module:

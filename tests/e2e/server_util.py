@@ -1,11 +1,16 @@
-"""Helpers for the server tests: a tiny-model service, single-request reference outputs, and a staggered
-continuous-batching driver over the Engine (sequences join and leave between steps, as in the scheduler)."""
+"""Helpers for the server tests: a tiny-model service, a real server running it, single-request reference
+outputs, and a staggered continuous-batching driver over the Engine (sequences join and leave between steps, as
+in the scheduler)."""
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter
 from specdecode.engine import Engine, Result
-from specdecode.server.app import ServerConfig, Service, build_service
+from specdecode.server.app import ServerConfig, Service, build_service, create_app
+from specdecode.server.background import BackgroundServer
 from specdecode.server.policy import SpecPolicy
 from specdecode.target import Target
 
@@ -40,6 +45,13 @@ def tiny_service(target: Target, drafters: dict | None = None, default: str = "p
                     for name in ("prompt-lookup", "layer-skip")}
     config = ServerConfig(MODEL, max_batch, max_queue, 64, **options)
     return build_service(target, drafters, default, config, SPEC, policy)
+
+
+@contextlib.contextmanager
+def serving(service: Service) -> Iterator[BackgroundServer]:
+    """A real uvicorn server for `service` on 127.0.0.1 (its `.url`, `.app`), stopped on exit."""
+    with BackgroundServer(create_app(service)) as running:
+        yield running
 
 
 def reference(target: Target, prompt_ids: list[int], max_new_tokens: int, drafter: str = "none",

@@ -47,7 +47,7 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--top-p", "0", "hi"], "top-p"),
     (["generate", "--lookahead", "1,6", "hi"], "expected three integers W,N,G"),
     (["generate", "--drafter", "lookahead", "--lookahead", "1,1,2", "--max-new-tokens", "4", "hi"], "ngram >= 2"),
-    # found by the CLI audit: each was a traceback, or a flag accepted and silently ignored
+    # values and flags that must be refused up front, not end in a traceback or be silently ignored
     (["generate", "--temperature", "inf", "hi"], "temperature must be >= 0 and finite"),
     (["generate", "--device", "foo", "hi"], "expected cpu, cuda or cuda:N"),
     (["generate", "--exit-layer", "3", "hi"], "--exit-layer has no effect with --drafter auto (here: prompt-lookup)"),
@@ -129,7 +129,7 @@ def test_streaming_text_then_metrics(tiny_model_dir, capsys):
 
 
 def test_unusable_files_and_dirs_are_one_line_exit_2(tmp_path, capsys):
-    """A file that is not a GGUF, and output directories that cannot be created, were tracebacks."""
+    """A file that is not a GGUF, and output directories that cannot be created, are one line, not a traceback."""
     junk = tmp_path / "junk.gguf"
     junk.write_text("not a gguf")
     a_file = tmp_path / "a-file"
@@ -156,8 +156,8 @@ def test_bench_head_given_for_a_run_method_is_not_skipped(tiny_model_dir, tmp_pa
     assert code == 2 and "specdecode-eagle" in stderr and len(stderr.splitlines()) == 1
 
 
-# bench-serve audit: each was a traceback (after the whole run, for --out), a hang-free but silent override, or
-# a flag accepted and ignored; all fail before a model loads
+# bench-serve: an unwritable --out, a flag that would silently override another, or one that would be ignored;
+# all fail before a model loads
 @pytest.mark.parametrize("args,needle", [
     (["bench-serve", "--out", "/no/such/dir/table.md"], "cannot write --out '/no/such/dir/table.md': directory"),
     (["bench-serve", "--out", "/"], "is a directory"),
@@ -176,7 +176,7 @@ def test_bench_serve_bad_input_is_one_line_exit_2(args, needle, capsys):
 
 
 def test_bench_serve_keeps_the_given_max_batch(monkeypatch, capsys):
-    """--max-batch / --max-queue were silently raised to the largest --concurrency; a given value is kept."""
+    """A given --max-batch / --max-queue is kept, not silently raised to the largest --concurrency."""
     from specdecode.config import ConfigError
 
     seen = {}
@@ -194,7 +194,7 @@ def test_bench_serve_keeps_the_given_max_batch(monkeypatch, capsys):
 
 
 def test_bench_serve_refused_request_is_one_line(short_context_dir, tmp_path, capsys):
-    """--max-tokens beyond the model's context: the server's 400 was a RuntimeError traceback."""
+    """--max-tokens beyond the model's context: the server's 400 is one line, not a traceback."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["hi"]}) + "\n")
     code = main(["bench-serve", "--model", short_context_dir, "--prompts", str(prompts), "--concurrency", "1",

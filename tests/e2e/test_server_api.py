@@ -12,10 +12,8 @@ import pytest
 
 from specdecode.drafters import DrafterConfig, build_drafter
 from specdecode.drafters.base import BaseDrafter, Draft
-from specdecode.server.app import create_app
-from specdecode.server.background import BackgroundServer
 from specdecode.server.policy import CostTable, SpecPolicy
-from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, tiny_service
+from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, serving, tiny_service
 
 
 class Exploding(BaseDrafter):
@@ -44,7 +42,7 @@ def server(tiny_target):
     drafters = {name: build_drafter(tiny_target, DrafterConfig(name=name), SPEC)
                 for name in ("prompt-lookup", "layer-skip")}
     service = tiny_service(tiny_target, {**drafters, "explode": Exploding(), "bad-cleanup": BadCleanup()})
-    with BackgroundServer(create_app(service)) as running:
+    with serving(service) as running:
         yield running
 
 
@@ -56,7 +54,7 @@ def client(server):
 @pytest.fixture(scope="module")
 def one_row_server(tiny_target):
     """One batch row and one queue slot: the second waiting request is refused."""
-    with BackgroundServer(create_app(tiny_service(tiny_target, max_batch=1, max_queue=1))) as running:
+    with serving(tiny_service(tiny_target, max_batch=1, max_queue=1)) as running:
         yield running
 
 
@@ -306,7 +304,7 @@ def test_seeded_sampling_does_not_depend_on_load(tiny_target):
             "ignore_eos": True, "speculation": {"drafter": "layer-skip"}}
     busy = {"model": MODEL, "prompt": "busy", "max_tokens": 900, "temperature": 0, "stream": True,
             "ignore_eos": True, "speculation": {"drafter": "none"}}
-    with BackgroundServer(create_app(service)) as running:
+    with serving(service) as running:
         url = running.url + "/v1/completions"
         alone = httpx.post(url, json=body).json()["choices"][0]["text"]
         with httpx.stream("POST", url, json=busy, timeout=30) as other:

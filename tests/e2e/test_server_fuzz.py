@@ -10,16 +10,14 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from specdecode.server.app import create_app
-from specdecode.server.background import BackgroundServer
-from tests.e2e.server_util import tiny_service
+from tests.e2e.server_util import serving, tiny_service
 
 EXAMPLES = 50
 
 
 @pytest.fixture(scope="module")
 def server(tiny_target):
-    with BackgroundServer(create_app(tiny_service(tiny_target))) as running:
+    with serving(tiny_service(tiny_target)) as running:
         yield running
 
 

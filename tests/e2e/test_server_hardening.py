@@ -1,5 +1,5 @@
-"""Serving defects found by probing the server as a careless client would, each on a real uvicorn server on
-127.0.0.1 with the tiny model: sampling values the schema accepts that produced NaN, spec-decode counters,
+"""The server against a careless client, each on a real uvicorn server on 127.0.0.1 with the tiny model:
+extreme sampling values the schema accepts (they must decode, not produce NaN), spec-decode counters,
 a client that hangs up mid-body, slow bodies, non-JSON bodies, the API key, the OpenAPI request bodies and the
 `serve` flags that reach uvicorn."""
 from __future__ import annotations
@@ -18,11 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdecode.cli import main
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.drafters.base import BaseDrafter, Draft
 from specdecode.engine import Engine
-from specdecode.server.app import create_app
-from specdecode.server.background import BackgroundServer
-from tests.e2e.server_util import MODEL, SPEC, reference, tiny_service
+from tests.e2e.server_util import MODEL, SPEC, reference, serving, tiny_service
+from tests.fakes import Oracle
 
 LOOKUP = DrafterConfig(name="prompt-lookup", row_cost=0.0)  # drafts every token it finds, on any device
 ORACLE_PROMPT = "Count the drafts"
@@ -30,39 +28,19 @@ ORACLE_TOKENS = 10
 API_KEY = "sekrit-key"
 
 
-class Oracle(BaseDrafter):
-    """Drafts the target's own greedy continuation (known in advance) with a wrong token at index `wrong_at`: the
-    target keeps exactly `wrong_at` tokens of a draft that reaches it and all of a shorter one."""
-
-    name = "oracle"
-
-    def __init__(self, expected: list[int], wrong_at: int, vocab: int):
-        self.expected, self.wrong_at, self.vocab = expected, wrong_at, vocab
-
-    def propose(self, seqs):
-        return [Draft.chain(self._draft(seq)) for seq in seqs]
-
-    def _draft(self, seq) -> list[int]:
-        done = len(seq.tokens)
-        tokens = list(self.expected[done : done + seq.k])
-        if len(tokens) > self.wrong_at:
-            tokens[self.wrong_at] = (tokens[self.wrong_at] + 1) % self.vocab
-        return tokens
-
-
 @pytest.fixture(scope="module")
 def server(tiny_target):
     ids = tiny_target.tokenizer(ORACLE_PROMPT)["input_ids"]
     expected = ids + reference(tiny_target, ids, ORACLE_TOKENS, stop_on_eos=False).token_ids
     drafters = {"prompt-lookup": build_drafter(tiny_target, LOOKUP, SPEC),
-                "oracle": Oracle(expected, wrong_at=2, vocab=tiny_target.vocab_size)}
-    with BackgroundServer(create_app(tiny_service(tiny_target, drafters, body_timeout_s=1.0))) as running:
+                "oracle": Oracle(expected, right=2, vocab=tiny_target.vocab_size)}
+    with serving(tiny_service(tiny_target, drafters, body_timeout_s=1.0)) as running:
         yield running
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_target):
-    with BackgroundServer(create_app(tiny_service(tiny_target, api_key=API_KEY))) as running:
+    with serving(tiny_service(tiny_target, api_key=API_KEY)) as running:
         yield running
 
 
@@ -184,7 +162,7 @@ def _partial_request(server, body: bytes, declared: int) -> http.client.HTTPConn
 
 
 def test_client_disconnect_mid_body_is_one_log_line_and_a_499(server):
-    """It was a 63-line ClientDisconnect traceback and no count in the request counter."""
+    """One log line (not a ClientDisconnect traceback) and a 499 counted in the request counter."""
     records = _Records()
     loggers = [logging.getLogger(name) for name in ("uvicorn", "specdecode")]
     for logger in loggers:

@@ -12,10 +12,8 @@ import psutil
 import pytest
 
 from specdecode.engine import Sequence
-from specdecode.server.app import create_app
 from specdecode.server.scheduler import Ticket
-from specdecode.server.background import BackgroundServer
-from tests.e2e.server_util import MODEL, PROMPTS, chat_ids, reference, tiny_service
+from tests.e2e.server_util import MODEL, PROMPTS, chat_ids, reference, serving, tiny_service
 
 CLIENTS, MAX_TOKENS = 32, 12
 DRAFTERS = (None, "none", "layer-skip")  # None: the server's default (prompt-lookup)
@@ -63,7 +61,7 @@ def test_32_concurrent_streams_complete_equal_and_leak_free(tiny_target):
         expected.append(reference(tiny_target, ids, MAX_TOKENS, stop_on_eos=False).text)
 
     service = tiny_service(tiny_target, max_batch=16, max_queue=CLIENTS)
-    with BackgroundServer(create_app(service)) as server:
+    with serving(service) as server:
         warm = asyncio.run(_round(server.url))  # first round: one-time allocations (cache growth, threads)
         baseline = _rss()
         rounds = [asyncio.run(_round(server.url))]

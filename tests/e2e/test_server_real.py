@@ -8,10 +8,9 @@ import openai
 import pytest
 
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.server.app import ServerConfig, build_service, create_app
-from specdecode.server.background import BackgroundServer
+from specdecode.server.app import ServerConfig, build_service
 from specdecode.server.policy import SMOLLM2_CPU, SpecPolicy
-from tests.e2e.server_util import SPEC, chat_ids, reference
+from tests.e2e.server_util import SPEC, chat_ids, reference, serving
 
 QUESTIONS = ["List the days of the week, separated by commas.",
              "Repeat after me: the cat sat on the mat, the cat sat on the mat."]
@@ -24,7 +23,7 @@ def test_default_model_concurrent_chat(default_target):
     drafters = {"prompt-lookup": build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC)}
     service = build_service(default_target, drafters, "prompt-lookup", ServerConfig("smollm2", max_batch=4), SPEC,
                             SpecPolicy(SMOLLM2_CPU, max_k=SPEC.k))
-    with BackgroundServer(create_app(service)) as server:
+    with serving(service) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
         def ask(i: int) -> tuple[str, float]:

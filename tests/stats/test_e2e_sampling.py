@@ -20,16 +20,6 @@ from tests.stats.two_tokens import PROMPT, VOCAB, exact_pairs, sample_pairs, tin
 SAMPLES = 1000
 
 
-@pytest.fixture(scope="module")
-def target() -> Target:
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def exact(target) -> dict:
-    return exact_pairs(target)
-
-
 def build(name: str, target: Target, spec: SpecConfig):
     if name in ("draft-model", "draft-model-int8"):  # q drawn from the draft, at full precision or int8
         model = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None)

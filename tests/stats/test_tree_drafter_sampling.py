@@ -13,11 +13,10 @@ import torch
 from specdecode.config import SpecConfig
 from specdecode.drafters import eagle, medusa
 from specdecode.engine import Engine
-from specdecode.target import Target
 from specdecode.verify import tree as tree_module
 from specdecode.verify import verify_sampling
 from tests.stats.chi2 import chi2_pvalue
-from tests.stats.two_tokens import exact_pairs, sample_pairs, tiny_target
+from tests.stats.two_tokens import sample_pairs
 
 V = 5
 TRIALS = 10000
@@ -79,16 +78,6 @@ def test_eagle_shaped_tree_follows_target(monkeypatch):
 
 # -- end to end ----------------------------------------------------------------------------------------------
 SAMPLES = 1200
-
-
-@pytest.fixture(scope="module")
-def target() -> Target:
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def exact(target) -> dict:
-    return exact_pairs(target)
 
 
 def _pairs(engine: Engine) -> list[tuple[int, int]]:

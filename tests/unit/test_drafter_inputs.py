@@ -11,12 +11,12 @@ import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.drafters.base import BaseDrafter, Draft
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.layer_skip import LayerSkip
 from specdecode.engine import Engine
 from specdecode.target import Target
 from specdecode.trees import build_block
+from tests.fakes import WrongThenRightTree
 from tests.tiny import tiny_llama
 
 PROMPT = "abcabcabd abcabc"
@@ -32,28 +32,20 @@ def reference_hidden(target: Target, ids: list[int]) -> torch.Tensor:
     return target.forward(target.new_cache(capacity=len(ids) + 8), [0], block, hidden=True).hidden[0]
 
 
-class HiddenRecorder(BaseDrafter):
-    """Needs hidden states; records what it was handed, and proposes a tree whose FIRST branch is wrong and
-    whose second is the true continuation, so the accepted path is not the block's first rows."""
+class HiddenRecorder(WrongThenRightTree):
+    """Needs hidden states and records what it was handed; proposes WrongThenRightTree's trees, so the accepted
+    path is not the block's first rows."""
 
     name = "hidden-recorder"
     needs_hidden = True
 
     def __init__(self, truth: list[int], prompt_len: int):
-        self.truth, self.prompt_len, self.seen = truth, prompt_len, []
+        super().__init__(truth, prompt_len)
+        self.seen = []
 
     def propose(self, seqs):
-        drafts = []
-        for seq in seqs:
-            self.seen.append((len(seq.tokens), seq.hidden.clone()))
-            done = len(seq.tokens) - self.prompt_len
-            right = self.truth[done : done + 2]
-            if len(right) < 2:
-                drafts.append(Draft())
-                continue
-            wrong = (right[0] + 1) % 250 + 3
-            drafts.append(Draft((wrong, wrong, right[0], right[1]), (-1, 0, -1, 2)))
-        return drafts
+        self.seen.extend((len(seq.tokens), seq.hidden.clone()) for seq in seqs)
+        return super().propose(seqs)
 
 
 def test_hidden_states_follow_the_accepted_tree_path(tiny_target, tiny_tokenizer):

@@ -6,36 +6,15 @@ from __future__ import annotations
 import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.drafters.base import BaseDrafter, Draft
 from specdecode.drafters.none import SPEC as NONE_SPEC
 from specdecode.engine import Engine, StopText
 from specdecode.metrics import GenerationMetrics
 from specdecode.target import Target
+from tests.fakes import Oracle
 from tests.tiny import byte_tokenizer, tiny_llama
 
 PROMPT = [5, 9, 3, 7, 1]
 SPEC = SpecConfig(k=3, pause_on_time=False, pause_below=0)  # fixed K: nothing depends on timing or acceptance
-
-
-class Oracle(BaseDrafter):
-    """Proposes a chain of seq.k tokens: the first `right` are the true continuation, the rest wrong."""
-
-    name = "oracle"
-
-    def __init__(self, truth: list[int], prompt_len: int, right: int):
-        self.truth, self.prompt_len, self.right = truth, prompt_len, right
-        self.observed: list[int] = []
-
-    def observe(self, seq, accepted: int) -> None:
-        self.observed.append(accepted)
-
-    def propose(self, seqs):
-        drafts = []
-        for seq in seqs:
-            done = len(seq.tokens) - self.prompt_len
-            true = self.truth[done : done + seq.k]
-            drafts.append(Draft.chain([t if i < self.right else (t + 1) % 64 for i, t in enumerate(true)]))
-        return drafts
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,11 @@ import pytest
 
 from specdecode import engine as engine_module
 from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.drafters.base import BaseDrafter, Draft, DrafterConfig
+from specdecode.drafters.base import DrafterConfig
 from specdecode.drafters.none import SPEC as NONE_SPEC
 from specdecode.engine import Engine
 from specdecode.speculation import PLAIN_SAMPLES, SpeculationLength
+from tests.fakes import TimedOracle
 
 PLAIN_S = 0.030  # seconds per plain step (one committed token)
 
@@ -146,26 +147,6 @@ class FakeClock:
     def perf_counter(self) -> float:
         self.now += 0.010
         return self.now
-
-
-class TimedOracle(BaseDrafter):
-    """Drafts the next k tokens of `truth` (all accepted under greedy) and costs `cost` seconds of fake time when
-    it proposes anything."""
-
-    name = "timed-oracle"
-
-    def __init__(self, truth: list[int], prompt_len: int, clock: FakeClock, cost: float):
-        self.truth, self.prompt_len, self.clock, self.cost = truth, prompt_len, clock, cost
-
-    def propose(self, seqs):
-        drafts = []
-        for seq in seqs:
-            done = len(seq.tokens) - self.prompt_len
-            draft = Draft.chain(self.truth[done : done + seq.k]) if seq.k > 0 else Draft()
-            if len(draft):
-                self.clock.now += self.cost
-            drafts.append(draft)
-        return drafts
 
 
 SPEC = SpecConfig(k=4, pause_window=3, pause_steps=4)

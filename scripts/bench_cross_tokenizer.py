@@ -3,7 +3,7 @@ against transformers' own cross-tokenizer assisted generation (with the draft as
 same int8 copy of it that our int8 setting drafts with) and plain decoding (transformers' and ours, whose
 Targets use the CPU kernel of specdecode/cpu_gemm.py where it is faster), same prompts, one run.
 
-    .venv/bin/python tests/e2e/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME[:INT8[:ADAPTIVE]]]] ...
+    .venv/bin/python scripts/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME[:INT8[:ADAPTIVE]]]] ...
 
 Prints one JSON line per prompt and method (tokens/s, tau where known, identical output to transformers'
 plain greedy `generate`). Default drafter settings: 5:0 (K=5, no confidence stop). TIME 0 turns the

@@ -157,7 +157,7 @@ def _parse_levels(text: str) -> list[int]:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from ..bench.prompts import load_prompts
+    from .prompts import load_prompts
 
     levels = _parse_levels(args.concurrency)
     if args.max_tokens < 1 or (args.requests is not None and args.requests < 1):
@@ -176,9 +176,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         model = args.served_model_name or _first_model(args.url)
         results = _bench_at(args.url, model, prompts, levels, args.requests, args.max_tokens)
     else:
-        from .app import create_app
-        from .background import BackgroundServer
-        from .cli import build_service, check_limits
+        from ..server.app import create_app
+        from ..server.background import BackgroundServer
+        from ..server.cli import build_service, check_limits
 
         for flag in ("--allow-drafters", "--default-max-tokens"):  # requests name no drafter and send max_tokens
             if flag in given:
@@ -227,7 +227,7 @@ def _check_url(url: str) -> None:
 
 
 def _check_out(out: str | None) -> None:
-    """An --out that cannot be written is an error before the run (it was a traceback after it)."""
+    """An --out that cannot be written is an error before the run, not a traceback after it."""
     if out is None:
         return
     path = Path(out)
@@ -253,7 +253,7 @@ def _first_model(url: str) -> str:
 
 
 def register(subparsers, name: str) -> None:
-    from .cli import add_server_args
+    from ..server.cli import add_server_args
 
     parser = subparsers.add_parser(name, help="benchmark the server: tokens/s and latency, speculation on vs off")
     first = len(parser._actions)

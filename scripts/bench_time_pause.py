@@ -2,7 +2,7 @@
 the same drafter with SpecConfig.pause_on_time off, so the time-based pause is measured on and off
 interleaved in ONE bench run (this machine's load changes from minute to minute; ratios across runs mislead).
 
-    .venv/bin/python tests/e2e/bench_time_pause.py bench --prompts SUBSET.jsonl \
+    .venv/bin/python scripts/bench_time_pause.py bench --prompts SUBSET.jsonl \
         --methods specdecode-none,specdecode-lookahead,specdecode-lookahead-notime --out /tmp/bench-la --no-progress
 
 Takes the arguments of `specdecode` itself. Greedy acceptance does not depend on timing, so a -notime method's

@@ -1,0 +1,72 @@
+"""Drafters whose drafts are known in advance, shared by the tests that need an exact outcome: an oracle that
+drafts the target's true continuation (wrong from a chosen depth on, or costing fake time), and a tree whose
+first branch is wrong and whose second is right (so the accepted path must be compacted)."""
+from __future__ import annotations
+
+from specdecode.drafters.base import BaseDrafter, Draft
+
+
+class Oracle(BaseDrafter):
+    """Proposes a chain of seq.k tokens of `truth`, the continuation after `prompt_len` tokens: the first `right`
+    are the true tokens (all of them when right is None), the rest are replaced by (token + 1) % vocab. Under
+    greedy verification the target keeps exactly min(right, k) tokens of each draft. Records what it observes."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], prompt_len: int = 0, right: int | None = None, vocab: int = 64):
+        self.truth, self.prompt_len, self.right, self.vocab = truth, prompt_len, right, vocab
+        self.observed: list[int] = []
+
+    def observe(self, seq, accepted: int) -> None:
+        self.observed.append(accepted)
+
+    def propose(self, seqs):
+        return [Draft.chain(self.tokens(seq)) for seq in seqs]
+
+    def tokens(self, seq) -> list[int]:
+        done = len(seq.tokens) - self.prompt_len
+        true = self.truth[done : done + seq.k]
+        right = len(true) if self.right is None else self.right
+        return [t if i < right else (t + 1) % self.vocab for i, t in enumerate(true)]
+
+
+class TimedOracle(Oracle):
+    """An all-right Oracle that advances a fake clock (anything with a `now` in seconds) by `cost` whenever it
+    proposes a non-empty draft."""
+
+    name = "timed-oracle"
+
+    def __init__(self, truth: list[int], prompt_len: int, clock, cost: float):
+        super().__init__(truth, prompt_len)
+        self.clock, self.cost = clock, cost
+
+    def propose(self, seqs):
+        drafts = super().propose(seqs)
+        self.clock.now += self.cost * sum(1 for draft in drafts if len(draft))
+        return drafts
+
+
+class WrongThenRightTree(BaseDrafter):
+    """Proposes a tree whose FIRST branch is wrong and whose second branch is the next two true tokens of
+    `truth`, so the accepted path lies off the first-child slots:
+
+        root -> wrong (0) -> wrong (1)
+        root -> right0 (2) -> right1 (3)
+
+    No draft once fewer than two true tokens are left."""
+
+    name = "oracle-tree"
+
+    def __init__(self, truth: list[int], prompt_len: int):
+        self.truth, self.prompt_len = truth, prompt_len
+
+    def propose(self, seqs):
+        return [self.tree(seq) for seq in seqs]
+
+    def tree(self, seq) -> Draft:
+        done = len(seq.tokens) - self.prompt_len
+        right = self.truth[done : done + 2]
+        if len(right) < 2:
+            return Draft()
+        wrong = (right[0] + 1) % 250 + 3
+        return Draft((wrong, wrong, right[0], right[1]), (-1, 0, -1, 2))
