@@ -12,12 +12,16 @@ import torch
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from .detok import TextStream
 from .drafters.base import AuxBranch, Draft, Drafter, SequenceContext
+from .kv_cache import kv_bytes_per_slot
 from .metrics import GenerationMetrics
 from .sampling import make_generator, probabilities
 from .speculation import SpeculationLength
 from .target import Target
 from .trees import build_block
 from .verify import verify_greedy, verify_sampling
+
+
+KV_SLACK = 64  # cache slots past prompt + new tokens: room for the last step's draft block
 
 
 @dataclass
@@ -30,10 +34,17 @@ class Sequence:
     metrics: GenerationMetrics
     prompt_len: int
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+    prefilled: int = 0  # prompt tokens whose KV is cached (the prompt's last token is the first step's root)
+    ready: bool = False  # prefill done and the drafter started: `step` may run it
+    prefill_hidden: list[torch.Tensor] = field(default_factory=list, repr=False)  # per chunk, [q, hidden]
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return not self.ready
 
     @property
     def output_ids(self) -> list[int]:
@@ -88,8 +99,27 @@ class Engine:
                 f"model's context of {limit} tokens"
             )
 
+    def kv_slots(self, prompt_len: int, generation: GenerationConfig) -> int:
+        """Cache slots a sequence may use: its prompt and new tokens, plus room for a step's block."""
+        return prompt_len + generation.max_new_tokens + KV_SLACK
+
+    def kv_bytes(self, prompt_len: int, generation: GenerationConfig) -> int:
+        """Bytes of the target's KV cache that a sequence may use (what a server budgets at admission)."""
+        per_slot = kv_bytes_per_slot(self.target.config, self.target.num_layers, self.target.dtype)
+        return self.kv_slots(prompt_len, generation) * per_slot
+
     def start(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
-        """Admit a sequence: take a cache row, prefill the prompt (all but its last token), start the drafter."""
+        """Admit a sequence and prefill its whole prompt in one pass: ready to `step`."""
+        seq = self.admit(prompt_ids, sampling, generation)
+        try:
+            self.prefill_chunk(seq)
+        except BaseException:  # a failed admission must not leak its row (the server keeps serving)
+            self.release(seq)
+            raise
+        return seq
+
+    def admit(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
+        """Take a cache row and reserve its slots; the sequence is `prefilling` until `prefill_chunk` says done."""
         self.validate(prompt_ids, generation)
         if not self._free_rows:
             raise RuntimeError("no free batch row")
@@ -99,28 +129,60 @@ class Engine:
         self._next_id += 1
         seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
         seq.metrics.prompt_tokens = len(prompt_ids)
-        began = time.perf_counter()
         try:
-            self.cache.ensure(self.max_batch, len(prompt_ids) + generation.max_new_tokens + 64)
-            if len(prompt_ids) > 1:
-                prefix = prompt_ids[:-1]
-                block = build_block([0], [prefix], [list(range(-1, len(prefix) - 1))], self.target.pad_id,
-                                    self.target.device)
-                out = self.target.forward(self.cache, [row], block, keep="last", hidden=_needs_hidden(self.drafter))
-                ctx.hidden = None if out.hidden is None else out.hidden[0]
-            self.drafter.start(ctx)
-        except BaseException:  # a failed admission must not leak its row (the server keeps serving)
+            self.cache.reserve(row, self.kv_slots(len(prompt_ids), generation))
+        except BaseException:
             self._free_row(row)
             raise
-        seq.metrics.prefill_s = time.perf_counter() - began
-        seq.metrics.total_s += seq.metrics.prefill_s
         return seq
+
+    def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:
+        """Prefill the next `tokens` prompt tokens (None: all that are left) of a prefilling sequence in a pass of
+        its own; after the last chunk the drafter starts and the sequence is ready. Returns whether it is.
+        Chunks write the same KV as one pass (each attends to the slots before it), and drafters that read the
+        prefill's hidden states get all of them, joined. `step(..., prefill=...)` carries chunks in a step."""
+        if seq.ready:
+            return True
+        began = time.perf_counter()
+        chunk = self._next_chunk(seq, tokens)
+        if chunk:
+            block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
+                                self.target.device)
+            out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last", hidden=_needs_hidden(self.drafter))
+            self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
+        else:
+            self._prefilled(seq, 0, None)
+        elapsed = time.perf_counter() - began
+        seq.metrics.prefill_s += elapsed
+        seq.metrics.total_s += elapsed
+        return seq.ready
+
+    def _next_chunk(self, seq: Sequence, tokens: int | None) -> list[int]:
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"a prefill chunk needs at least one token, got {tokens}")
+        prefix_len = seq.prompt_len - 1  # the last prompt token is the root of the first step
+        end = prefix_len if tokens is None else min(prefix_len, seq.prefilled + tokens)
+        return seq.ctx.tokens[seq.prefilled : end]
+
+    def _prefilled(self, seq: Sequence, count: int, hidden: torch.Tensor | None) -> None:
+        """`count` more prompt tokens are cached (hidden: their [count, hidden] states); start the drafter after
+        the last of them."""
+        if hidden is not None and count:
+            seq.prefill_hidden.append(hidden[:count])
+        seq.prefilled += count
+        if seq.prefilled == seq.prompt_len - 1:
+            parts, seq.prefill_hidden = seq.prefill_hidden, []
+            seq.ctx.hidden = None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
+            self.drafter.start(seq.ctx)
+            seq.ready = True
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves the batch (finished or aborted): free its row and drafter state."""
         try:
-            self.drafter.finish(seq.ctx)
+            if seq.ready:
+                self.drafter.finish(seq.ctx)
         finally:  # the row is freed even when the drafter's cleanup raises
+            self.cache.release(seq.ctx.row)
             self._free_row(seq.ctx.row)
             if seq.finish_reason is None:
                 seq.finish_reason = "abort"
@@ -131,8 +193,19 @@ class Engine:
             self._free_rows.sort()
 
     # -- the loop body ------------------------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence]) -> list[list[int]]:
-        """One draft -> verify -> commit over a batch; returns each sequence's newly committed tokens."""
+    def step(self, seqs: list[Sequence], prefill: list[tuple[Sequence, int]] = ()) -> list[list[int]]:
+        """One draft -> verify -> commit over a batch; returns each sequence's newly committed tokens.
+        prefill: (prefilling sequence, tokens) pairs whose next chunks ride in the same target pass, a row each
+        (a chunk then costs the step little more than its tokens, not a pass of its own)."""
+        if any(seq.prefilling for seq in seqs):
+            raise ValueError("a sequence is still prefilling: finish prefill_chunk first")
+        chunks = [(seq, self._next_chunk(seq, tokens)) for seq, tokens in prefill if seq.prefilling]
+        for seq, chunk in chunks:
+            if not chunk:  # a one-token prompt: nothing to cache, the drafter starts
+                self._prefilled(seq, 0, None)
+        chunks = [(seq, chunk) for seq, chunk in chunks if chunk]  # rows after the batch's; logits not read
+        if not seqs and not chunks:
+            return []
         began = time.perf_counter()
         for seq in seqs:
             remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
@@ -141,14 +214,19 @@ class Engine:
         drafted = time.perf_counter()
 
         block = build_block(
-            [seq.ctx.cache_len for seq in seqs],
-            [[seq.ctx.tokens[-1], *draft.tokens, *_aux(draft).tokens] for seq, draft in zip(seqs, drafts)],
-            [_block_parents(draft) for draft in drafts],
+            [seq.ctx.cache_len for seq in seqs] + [seq.prefilled for seq, _ in chunks],
+            [[seq.ctx.tokens[-1], *draft.tokens, *_aux(draft).tokens] for seq, draft in zip(seqs, drafts)]
+            + [chunk for _, chunk in chunks],
+            [_block_parents(draft) for draft in drafts] + [list(range(-1, len(chunk) - 1)) for _, chunk in chunks],
             self.target.pad_id,
             self.target.block_device,
         )
         self.cache.ensure(self.max_batch, block.kv_len)
-        out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs], block, hidden=_needs_hidden(self.drafter))
+        out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs] + [seq.ctx.row for seq, _ in chunks],
+                                  block, hidden=_needs_hidden(self.drafter))
+        for b, (seq, chunk) in enumerate(chunks, start=len(seqs)):
+            self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[b])
+            seq.metrics.prefill_s += time.perf_counter() - drafted
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             if draft.aux:  # aux nodes sit after the root and the n draft nodes
                 self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])

@@ -1,9 +1,25 @@
-"""A preallocated KV cache written by slot, for rollback and tree compaction without reallocation.
+"""A KV cache written by slot, for rollback and tree compaction without reallocation.
 
-Each layer holds keys/values of shape [rows, kv_heads, capacity, head_dim]. A row belongs to one sequence.
-Who owns which slots is the engine's business: before each forward it calls `prepare(rows, slots, kv_len)`
-to say where the new keys go; rolling back is the engine forgetting a length (stale slots are masked out
-and overwritten later), and keeping an accepted tree path is `compact` (a gather inside one row).
+A row belongs to one sequence. Who owns which slots is the engine's business: before each forward it calls
+`prepare(rows, slots, kv_len)` to say where the new keys go; rolling back is the engine forgetting a length
+(stale slots are masked out and overwritten later), and keeping an accepted tree path is `compact` (a gather
+inside one row).
+
+Two layouts, one interface:
+- dynamic (the default): each row has its own buffers per layer, [kv_heads, row_capacity, head_dim], sized to
+  that sequence's need (`reserve(row, slots)` at admission; a write past the end grows the row by at least a
+  quarter) and freed by `release(row)` when the sequence leaves. Memory is the sum of the live sequences' needs,
+  so one long request neither sizes every row to itself nor stays allocated after it finishes, and a server
+  can bound KV memory by admitting requests against a byte budget (`kv_bytes_per_slot`). Why per-row buffers
+  rather than pages: attention here is the model's own SDPA over a dense [b, kv_heads, kv_len, head_dim] tensor
+  (no paged-attention kernel), so pages would have to be gathered into that tensor on every forward anyway;
+  a row's buffer is already contiguous, so a batch of one (library decoding, `generate`) attends to a view of
+  it without any copy, and a batch of several copies each row's live slots into one padded tensor per layer
+  (the gather paging would need too; one [rows, ...] tensor could be read as a view when the batch's rows were
+  contiguous, so batched steps now copy about as much KV as attention reads).
+- static (the fast path: fixed shapes, CUDA graphs): keys/values of shape [rows, kv_heads, capacity,
+  head_dim] per layer, read whole by attention; `ensure` grows it (doubling) and it never shrinks, since
+  captured graphs hold its addresses.
 """
 from __future__ import annotations
 
@@ -12,9 +28,19 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .cuda_graphs import StepGraphs
 
+GROWTH_ROUND = 64  # a dynamic row grows to a multiple of this many slots
+
+
+def kv_bytes_per_slot(config, num_layers: int, dtype: torch.dtype) -> int:
+    """Bytes one cached token takes over all layers (keys and values), from a transformers config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
 
 class _SlotLayer(CacheLayerMixin):
-    """One layer's buffers; allocated lazily at the first write (shape and dtype come from the model)."""
+    """One layer's static buffers; allocated lazily at the first write (shape and dtype come from the model)."""
 
     is_compileable = False
     is_sliding = False
@@ -58,28 +84,131 @@ class _SlotLayer(CacheLayerMixin):
             if self.owner.static:
                 torch._dynamo.mark_static_address(new)
 
+    def row(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[row], self.values[row]  # [kv_heads, capacity, head_dim] views
+
+    @property
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+
+class _RowLayer(CacheLayerMixin):
+    """One layer's dynamic buffers: one (keys, values) pair per live row, each [kv_heads, capacity, head_dim]."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner: "RollbackCache"):
+        super().__init__()
+        self.owner = owner
+        self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True  # buffers are per row, made at a row's first write
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        # key_states: [b, kv_heads, q, head_dim] -> [b, kv_heads, kv_len, head_dim] (a view for one row)
+        self.is_initialized = True
+        owner, q = self.owner, key_states.shape[2]
+        slots = owner._slots if isinstance(owner._slots, int) else owner._slots.to(key_states.device)
+        rows, kv_len = owner._row_list, owner.kv_len
+        written = []
+        for b, row in enumerate(rows):
+            end = slots + q if isinstance(slots, int) else int(slots[b].max()) + 1
+            keys, values = self._grown(row, max(end, kv_len) if len(rows) == 1 else end, key_states)
+            where = slice(slots, slots + q) if isinstance(slots, int) else slots[b]
+            keys[:, where] = key_states[b]
+            values[:, where] = value_states[b]
+            written.append((keys, values, min(end, kv_len)))  # slots past `end` are stale: masked out
+        if len(rows) == 1:
+            keys, values, _ = written[0]
+            return keys[None, :, :kv_len], values[None, :, :kv_len]
+        b, heads, _, dim = key_states.shape
+        out_keys = key_states.new_zeros((b, heads, kv_len, dim))  # slots past a row's end are masked out
+        out_values = value_states.new_zeros((b, heads, kv_len, value_states.shape[3]))
+        for i, (keys, values, n) in enumerate(written):
+            out_keys[i, :, :n] = keys[:, :n]
+            out_values[i, :, :n] = values[:, :n]
+        return out_keys, out_values
+
+    def _grown(self, row: int, slots: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row `row`'s buffers, grown (by at least a quarter, to the reservation at first) to hold `slots`."""
+        keys, values = self.buffers.get(row, (None, None))
+        have = 0 if keys is None else keys.shape[1]
+        if slots <= have:
+            return keys, values
+        want = max(slots, have + have // 4, self.owner.reserved.get(row, 0))
+        want = -(-want // GROWTH_ROUND) * GROWTH_ROUND
+        new_keys = like.new_zeros((like.shape[1], want, like.shape[3]))
+        new_values = like.new_zeros((like.shape[1], want, like.shape[3]))
+        if keys is not None:
+            new_keys[:, :have] = keys
+            new_values[:, :have] = values
+        self.buffers[row] = (new_keys, new_values)
+        return new_keys, new_values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.kv_len
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+    def resize(self, rows: int, capacity: int) -> None:
+        pass  # rows grow on write
+
+    def row(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.buffers[row]
+
+    def release(self, row: int) -> None:
+        self.buffers.pop(row, None)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(keys.nbytes + values.nbytes for keys, values in self.buffers.values())
+
 
 class RollbackCache(Cache):
-    """transformers `Cache` over preallocated slot buffers; see the module docstring."""
+    """transformers `Cache` over slot buffers, dynamic per row or static; see the module docstring."""
 
     def __init__(self, num_layers: int, rows: int = 1, capacity: int = 256, static: bool = False):
         self.static = static  # fast path: attention always reads all `capacity` slots (fixed shapes)
         self.num_rows = rows
-        self.capacity = capacity
+        self.capacity = capacity  # static: every row's slots; dynamic: the initial reservation of a row
         self.kv_len = 0
+        self.reserved: dict[int, int] = {}  # dynamic: row -> slots to allocate at its first write
         self._rows: slice | torch.Tensor = slice(0, rows)
+        self._row_list: list[int] = list(range(rows))
         self._slots: int | torch.Tensor = 0
         self.graphs = StepGraphs()  # fast path on CUDA: captured steps that write these buffers
-        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
+        layer = _SlotLayer if static else _RowLayer
+        super().__init__(layers=[layer(self) for _ in range(num_layers)])
 
     @property
     def device(self) -> torch.device:
-        first = self.layers[0]
-        return first.keys.device if first.is_initialized else torch.device("cpu")
+        for layer in self.layers:
+            if isinstance(layer, _SlotLayer) and layer.is_initialized:
+                return layer.keys.device
+            if isinstance(layer, _RowLayer) and layer.buffers:
+                return next(iter(layer.buffers.values()))[0].device
+        return torch.device("cpu")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values, all layers and rows."""
+        return sum(layer.nbytes for layer in self.layers)
 
     # -- sizing ---------------------------------------------------------------------------------------------
     def ensure(self, rows: int, capacity: int) -> None:
-        """Grow (doubling) when a request needs more rows or slots; never shrinks, never per step."""
+        """Static: grow (doubling) when a request needs more rows or slots; never shrinks, never per step.
+        Dynamic: only the row count is kept (a row is sized by `reserve` and grows on write)."""
+        if not self.static:
+            self.num_rows = max(rows, self.num_rows)
+            return
         if rows <= self.num_rows and capacity <= self.capacity:
             return
         new_rows = max(rows, self.num_rows)
@@ -89,22 +218,39 @@ class RollbackCache(Cache):
         self.graphs.clear()  # they point at the old buffers
         self.num_rows, self.capacity = new_rows, new_capacity
 
+    def reserve(self, row: int, slots: int) -> None:
+        """A sequence that may need `slots` slots takes `row` (dynamic: allocated at its first write)."""
+        if self.static:
+            self.ensure(self.num_rows, slots)
+        else:
+            self.num_rows = max(self.num_rows, row + 1)
+            self.reserved[row] = slots
+
+    def release(self, row: int) -> None:
+        """The row's sequence left: free its buffers (dynamic; static buffers stay for the next sequence)."""
+        self.reserved.pop(row, None)
+        for layer in self.layers:
+            if isinstance(layer, _RowLayer):
+                layer.release(row)
+
     # -- one forward ----------------------------------------------------------------------------------------
     def prepare(self, rows: list[int], slots: int | torch.Tensor, kv_len: int) -> None:
         """Say where the next forward writes. rows: cache rows of the batch (in batch order);
         slots: first slot if every row writes the same contiguous block, else a [b, q] tensor of slots;
         kv_len: how many slots attention reads (the mask's last dimension)."""
-        if kv_len > self.capacity:
-            raise ValueError(f"KV cache overflow: need {kv_len} slots, have {self.capacity}")
-        if self.static and kv_len != self.capacity:
-            raise ValueError("a static cache is read whole: kv_len must equal its capacity")
-        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
-        self._rows = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=self.device)
+        if self.static:
+            if kv_len > self.capacity:
+                raise ValueError(f"KV cache overflow: need {kv_len} slots, have {self.capacity}")
+            if kv_len != self.capacity:
+                raise ValueError("a static cache is read whole: kv_len must equal its capacity")
+            contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+            self._rows = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=self.device)
+        self._row_list = list(rows)
         self._slots = slots
         self.kv_len = kv_len
 
     def write(self, layer: _SlotLayer, keys: torch.Tensor, values: torch.Tensor):
-        # keys: [b, kv_heads, q, head_dim] -> buffers; returns [b, kv_heads, kv_len, head_dim] views/copies
+        # static layout. keys: [b, kv_heads, q, head_dim] -> buffers; returns [b, kv_heads, kv_len, head_dim]
         rows, slots = self._rows, self._slots
         if isinstance(slots, int):
             q = keys.shape[2]
@@ -131,16 +277,22 @@ class RollbackCache(Cache):
         """Move the KV of `source_slots` (an accepted tree path) to first_slot, first_slot+1, ... in one row."""
         if source_slots == list(range(first_slot, first_slot + len(source_slots))):
             return
-        index = torch.tensor(source_slots, device=self.layers[0].keys.device)
         end = first_slot + len(source_slots)
         for layer in self.layers:
-            if layer.is_initialized:
-                layer.keys[row, :, first_slot:end] = layer.keys[row, :, index]
-                layer.values[row, :, first_slot:end] = layer.values[row, :, index]
+            if not self._has_row(layer, row):
+                continue
+            keys, values = layer.row(row)  # [kv_heads, capacity, head_dim]
+            index = torch.tensor(source_slots, device=keys.device)
+            keys[:, first_slot:end] = keys[:, index]
+            values[:, first_slot:end] = values[:, index]
 
     def row_view(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The first `length` slots of a row for every layer (for tests and debugging)."""
-        return [(layer.keys[row, :, :length], layer.values[row, :, :length]) for layer in self.layers]
+        """The first `length` slots of a row for every layer, [kv_heads, length, head_dim] (tests, debugging)."""
+        return [tuple(t[:, :length] for t in layer.row(row)) for layer in self.layers]  # type: ignore[misc]
+
+    @staticmethod
+    def _has_row(layer, row: int) -> bool:
+        return layer.is_initialized if isinstance(layer, _SlotLayer) else row in layer.buffers
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len

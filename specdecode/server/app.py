@@ -37,7 +37,7 @@ from .metrics import ServerMetrics
 from .policy import SpecPolicy
 from .router import RoutingDrafter
 from .scheduler import (NO_SPECULATION, Failed, Finished, Job, QueueFull, RequestStats, Scheduler, SchedulerConfig,
-                        TextDelta, Ticket)
+                        TextDelta, Ticket, TooLarge)
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1  # a full queue drains in about one request's time: clients should come back soon, not at once
@@ -54,6 +54,9 @@ class ServerConfig:
     max_body_bytes: int = 8 << 20  # a larger request body is a 413 before it is read whole
     body_timeout_s: float = 30.0  # a body that has not arrived whole by then is a 408 (a slow sender holds no task)
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>` (/health, /metrics stay open)
+    kv_cache_bytes: int | None = None  # KV memory requests may reserve: more is a 429, more than all of it a 413
+    prefill_chunk: int = 256  # most prompt tokens prefilled per step (scheduler.py: chunked prefill)
+    stall_s: float = 30.0  # /health answers 503 when a scheduler round has run longer than this
 
 
 @dataclass
@@ -82,7 +85,9 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0, pause_on_time=False)
     engine = Engine(target, router, spec, max_batch=config.max_batch)
     metrics, lock = ServerMetrics(), threading.Lock()
-    scheduler = Scheduler(engine, router, SchedulerConfig(config.max_batch, config.max_queue), metrics, policy, lock)
+    scheduling = SchedulerConfig(config.max_batch, config.max_queue, kv_cache_bytes=config.kv_cache_bytes,
+                                 prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
+    scheduler = Scheduler(engine, router, scheduling, metrics, policy, lock)
     return Service(config, target, scheduler, metrics, lock, int(time.time()))
 
 
@@ -113,8 +118,14 @@ def create_app(service: Service) -> FastAPI:
         return JSONResponse(APIError(500, message, "server_error").body(), status_code=500)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "active": service.scheduler.active, "queued": service.scheduler.queued}
+    async def health() -> JSONResponse:
+        """200 {"status": "ok"}, or 503 {"status": "stalled", "reason": ...} when the scheduler makes no progress."""
+        scheduler = service.scheduler
+        state = {"status": "ok", "active": scheduler.active, "queued": scheduler.queued}
+        reason = scheduler.stalled()
+        if reason is not None:
+            return JSONResponse({**state, "status": "stalled", "reason": reason}, status_code=503)
+        return JSONResponse(state)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -247,6 +258,8 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
         service.scheduler.submit(ticket)
     except QueueFull as error:
         raise APIError(429, str(error), "rate_limit_error", code="queue_full") from None
+    except TooLarge as error:
+        raise APIError(413, str(error), param="max_tokens", code="kv_cache_too_small") from None
     reply = _Reply(service.config.model_name, chat)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -24,9 +24,43 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
     parser.add_argument("--max-queue", type=int, default=64, help="waiting requests before answering 429")
     parser.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it")
+    parser.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="BYTES",
+                        help="KV cache memory that requests may reserve (prompt + max_tokens each), in bytes or "
+                             "with a unit (2GiB, 512MB); a request that does not fit now is answered 429, one that "
+                             f"never can 413 (default: {AUTO_KV_SHARE:.0%} of the RAM, or of the free GPU memory "
+                             "after loading)")
     parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
                         help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU), "
                              "calibrate (measure this model at startup), fixed (always --k)")
+
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+          "T": 1000**4, "TB": 1000**4, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+AUTO_KV_SHARE = 0.4  # --kv-cache-memory's default: this share of the machine's RAM (or free GPU memory)
+
+
+def memory_size(text: str) -> int:
+    """argparse type: a positive byte count, alone or with a unit: 2GiB, 1.5GB, 512MiB, 1000000."""
+    number, unit = text.strip(), ""
+    while number and number[-1].isalpha():
+        number, unit = number[:-1], number[-1] + unit
+    try:
+        value = float(number.strip()) * _UNITS[unit.upper()]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MB or 1000000, got {text!r}") from None
+    if not 1 <= value < float(1 << 62):
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(value)
+
+
+def default_kv_memory(device: str) -> int:
+    """AUTO_KV_SHARE of the free GPU memory (after the model is loaded) on CUDA, of the physical RAM elsewhere."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(AUTO_KV_SHARE * free)
+    return int(AUTO_KV_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def check_limits(args: argparse.Namespace) -> None:
@@ -73,7 +107,9 @@ def build_service(args: argparse.Namespace, api_key: str | None = None):
         print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
         policy = SpecPolicy(table, max_k=spec.max_k if spec.adaptive else spec.k)
     name = args.served_model_name or loaded.name
-    server = ServerConfig(name, args.max_batch, args.max_queue, args.default_max_tokens, api_key=api_key)
+    kv_bytes = args.kv_cache_memory or default_kv_memory(args.device)
+    server = ServerConfig(name, args.max_batch, args.max_queue, args.default_max_tokens, api_key=api_key,
+                          kv_cache_bytes=kv_bytes)
     service = build(target, drafters, args.drafter, server, spec, policy)
     if fast.enabled:
         service.scheduler.engine.warmup()

@@ -1,9 +1,29 @@
 """Continuous batching: ONE worker thread owns the Engine and runs its loop body over all active sequences.
 
 Between two steps the worker drops cancelled sequences (a client that disconnected frees its row before the
-next step), admits queued requests into free rows (prefill), and picks the batch's draft-length cap (policy.py).
-Then one `Engine.step` drafts, verifies and commits for every row; each row keeps its own position, accepted
-length and K (ragged acceptance). New text goes back to the request's asyncio queue on the HTTP event loop.
+next step), admits queued requests into free rows, and picks the batch's draft-length cap (policy.py). Then
+one `Engine.step` drafts, verifies and commits for every row that has finished its prefill (carrying a chunk
+of a prompt still prefilling, below); each row keeps its own position, accepted length and K (ragged
+acceptance). New text goes back to the request's asyncio queue on the HTTP event loop.
+
+Chunked prefill: prompts are prefilled a chunk per round, so running streams keep decoding while a long one
+loads, and a cancelled request stops at the next chunk; the prompts with the fewest tokens left go first. The
+chunks ride in the step's target pass as more rows (`Engine.step(..., prefill=)`): a pass of their own would
+add about a whole step of fixed cost on a small model or a CPU. While rows decode, the tokens a step carries
+adapt (`_adapt_chunk`) so that the time they add is `prefill_share` of a plain step; with nothing decoding, a
+round carries `prefill_chunk` tokens. On the fixed-shape fast path (whose captured steps must keep their
+shapes) each chunk is a pass of its own. Limit: rows are padded to the batch's longest context, so while a long
+prompt loads, every row's attention spans its context too; where attention dominates a step (tiny models, long
+prompts) even the smallest chunk adds more than the share.
+
+KV memory: a request reserves its KV (prompt + max new tokens, Engine.kv_bytes) from `kv_cache_bytes` when it
+is submitted, and gives it back when it leaves. One that can never fit is refused (TooLarge: 413), one that
+does not fit now is refused like a full queue (429), so the cache cannot outgrow its budget. (The budget counts
+the target's cache; drafters with caches of their own, and the fast path's static cache, which keeps
+max_batch rows at the largest capacity it has needed, are not counted.)
+
+Liveness: `stalled()` names a worker that has spent more than `stall_s` in one round (a chunk and a step) while
+work is pending, or that has died; /health reports it.
 
 Failure isolation: when a batched step raises, rows that had already committed keep their tokens and every
 other row is stepped alone; a row that fails alone fails its request only, and the server keeps serving.
@@ -32,6 +52,20 @@ log = logging.getLogger(__name__)
 class SchedulerConfig:
     max_batch: int = 8  # rows decoded together (the engine's cache rows)
     max_queue: int = 64  # requests waiting while every row is busy; one more is answered 429
+    kv_cache_bytes: int | None = None  # KV memory that admitted requests may reserve (None: unbounded)
+    prefill_chunk: int = 256  # most prompt tokens prefilled per round
+    prefill_share: float = 0.5  # while rows decode, a step carrying a chunk may take (1 + this) plain steps
+    stall_s: float = 30.0  # a round (chunk + step) longer than this, with work pending, is a stall
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if self.prefill_chunk < 1 or not 0 < self.prefill_share or self.stall_s <= 0:
+            raise ValueError("prefill_chunk must be >= 1, prefill_share and stall_s > 0")
+
+
+MIN_CHUNK = 4  # the fewest prompt tokens a step carries while rows decode
+FIRST_CHUNK = 64  # ... and how many before any step has been timed
 
 
 @dataclass(frozen=True)
@@ -81,11 +115,16 @@ class QueueFull(Exception):
     pass
 
 
+class TooLarge(Exception):
+    """The request's KV cache would not fit even in an empty server."""
+
+
 class Ticket:
     """One submitted request: the HTTP side awaits events, the worker posts them from its thread."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
         self.job = job
+        self.kv_bytes = 0  # reserved from the scheduler's budget at submission
         self.arrived = time.perf_counter()
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -165,6 +204,9 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._draft_ms_per_k = 0.0
+        self._step_s: float | None = None  # time of a step that carries no prefill chunk (decaying mean)
+        self._chunk = FIRST_CHUNK  # prompt tokens a step carries while rows decode, all rows (see _adapt_chunk)
+        self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
         self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)
         self.last_k_cap = 0
         metrics.watch(lambda: len(self._pending), lambda: len(self._active))
@@ -178,8 +220,40 @@ class Scheduler:
             free_rows = self.config.max_batch - len(self._active)
             if len(self._pending) >= self.config.max_queue + free_rows:
                 raise QueueFull(f"too many requests waiting ({self.config.max_queue}); retry later")
+            self._reserve_kv(ticket)
             self._pending.append(ticket)
             self._wake.notify()
+
+    def _reserve_kv(self, ticket: Ticket) -> None:
+        """Charge the request's KV to the budget (pending and active requests hold theirs), or refuse it."""
+        job = ticket.job
+        need = self.engine.kv_bytes(len(job.prompt_ids), job.generation)
+        budget = self.config.kv_cache_bytes
+        if budget is not None:
+            if need > budget:
+                raise TooLarge(f"the prompt ({len(job.prompt_ids)} tokens) and max_tokens "
+                               f"({job.generation.max_new_tokens}) need {need} bytes of KV cache; this server has "
+                               f"{budget}: shorten the prompt or lower max_tokens")
+            if self.kv_reserved + need > budget:
+                raise QueueFull(f"the KV cache is full ({self.kv_reserved} of {budget} bytes reserved); retry later")
+        ticket.kv_bytes = need
+
+    @property
+    def kv_reserved(self) -> int:
+        """KV bytes reserved by pending and active requests."""
+        return sum(t.kv_bytes for t in list(self._pending)) + sum(s.ticket.kv_bytes for s in list(self._active))
+
+    def stalled(self) -> str | None:
+        """Why the worker is not making progress, or None when it is (see the module docstring)."""
+        if self._thread is None:
+            return None
+        if not self._thread.is_alive():
+            return None if self._stopping else "the scheduler thread has stopped"
+        began = self._round_began
+        if began is not None and (seconds := time.monotonic() - began) > self.config.stall_s:
+            return (f"the scheduler has not finished a step for {seconds:.1f} s "
+                    f"({len(self._active)} active, {len(self._pending)} queued)")
+        return None
 
     @property
     def queued(self) -> int:
@@ -208,21 +282,42 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     break
+            self._round_began = time.monotonic()
             try:
-                self._drop_cancelled()
-                self._admit()
-                if self._active:
-                    self._step()
+                self._round()
             except Exception as error:  # noqa: BLE001 - a bug here must fail this batch, not stop the server
                 log.exception("scheduler step failed")
                 for slot in list(self._active):
                     self._fail(slot, f"internal error: {type(error).__name__}: {error}")
+            finally:
+                self._round_began = None
         for slot in list(self._active):
             self._fail(slot, "the server is shutting down")
         with self._wake:
             pending, self._pending = list(self._pending), collections.deque()
         for ticket in pending:
             ticket.post(Failed("the server is shutting down"))
+
+    def _round(self) -> None:
+        """Drop the cancelled, admit, then one step over the decoding rows that carries prefill chunks. (A method
+        of its own: the worker's frame must not keep a finished request alive while it waits for work.)"""
+        self._drop_cancelled()
+        self._admit()
+        decoding = [slot for slot in self._active if slot.seq.ready]
+        budget = self._chunk if decoding else self.config.prefill_chunk
+        prefill = self._chunks(budget)
+        if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
+            for slot, _ in prefill:
+                self._prefill_alone(slot, self.config.prefill_chunk)
+            prefill = []
+        if decoding:
+            self._step(decoding, prefill)
+        elif prefill:
+            try:
+                self.engine.step([], [(slot.seq, tokens) for slot, tokens in prefill])
+            except Exception:  # noqa: BLE001 - find the culprit: each chunk alone
+                for slot, tokens in prefill:
+                    self._prefill_alone(slot, tokens)
 
     def _prune_pending(self) -> None:
         if any(t.cancelled for t in self._pending):
@@ -241,7 +336,7 @@ class Scheduler:
                 ticket = self._pending.popleft()
             job = ticket.job
             try:
-                seq = self.engine.start(list(job.prompt_ids), job.sampling, job.generation)
+                seq = self.engine.admit(list(job.prompt_ids), job.sampling, job.generation)
             except Exception as error:  # noqa: BLE001 - one request's failure must not stop the server
                 self.metrics.finished.labels("error").inc()
                 ticket.post(Failed(f"could not start generation: {error}"))
@@ -253,21 +348,48 @@ class Scheduler:
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
             self._active.append(_Slot(ticket, seq, StopText(self.engine.target.tokenizer, job.generation.stop_strings)))
 
-    def _choose_cap(self) -> int:
+    def _chunks(self, budget: int) -> list[tuple[_Slot, int]]:
+        """Up to `budget` prompt tokens for the prefilling rows, those with the fewest tokens left first (a short
+        prompt is not queued behind a long one)."""
+        slots = sorted((s for s in self._active if s.seq.prefilling), key=lambda s: s.seq.prompt_len - s.seq.prefilled)
+        chunks = []
+        for slot in slots:
+            if budget <= 0:
+                break
+            tokens = min(budget, max(1, slot.seq.prompt_len - 1 - slot.seq.prefilled))
+            chunks.append((slot, tokens))
+            budget -= tokens
+        return chunks
+
+    def _prefill_alone(self, slot: _Slot, tokens: int) -> None:
+        try:
+            self.engine.prefill_chunk(slot.seq, tokens)
+        except Exception as error:  # noqa: BLE001 - one request's failure must not stop the server
+            self._fail(slot, f"could not start generation: {type(error).__name__}: {error}")
+
+    def _adapt_chunk(self, seconds: float) -> None:
+        """After a step that carried chunks: scale the tokens a step carries so that the time they added (over a
+        plain step) is `prefill_share` of a plain step, at most doubling, within [MIN_CHUNK, prefill_chunk]."""
+        if self._step_s is None:
+            return
+        added, target = seconds - self._step_s, self.config.prefill_share * self._step_s
+        grown = self._chunk * 2 if added <= 0 else min(self._chunk * 2, int(self._chunk * target / added))
+        self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, grown))
+
+    def _choose_cap(self, slots: list[_Slot]) -> int:
         if self.policy is None:
             return 1 << 10
         rows = []
-        for slot in self._active:
+        for slot in slots:
             if slot.length.own_k > 0:
                 pooled = self._pooled.get(slot.drafter)
                 prior = pooled.estimate(self.policy, slot.length.own_k) if pooled else None
                 rows.append(slot.stats.estimate(self.policy, slot.length.own_k, prior))
-        return self.policy.choose_k(len(self._active), rows, self._draft_ms_per_k)
+        return self.policy.choose_k(len(slots), rows, self._draft_ms_per_k)
 
-    def _step(self) -> None:
-        cap = self.last_k_cap = self._choose_cap()
+    def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
+        cap = self.last_k_cap = self._choose_cap(slots)
         self.metrics.k_cap.set(min(cap, 1 << 10))
-        slots = list(self._active)
         before = []
         for slot in slots:
             slot.length.cap = cap
@@ -275,11 +397,19 @@ class Scheduler:
             before.append((m.proposed, m.accepted, m.draft_s, len(slot.seq.ctx.tokens)))
         began = time.perf_counter()
         try:
-            results = list(zip(slots, self.engine.step([s.seq for s in slots])))
+            results = list(zip(slots, self.engine.step([s.seq for s in slots],
+                                                       [(slot.seq, tokens) for slot, tokens in prefill])))
             passes = 1
         except Exception:  # noqa: BLE001 - find the culprit below
             results, passes = self._isolate(slots, before)
+            for slot, tokens in prefill:
+                self._prefill_alone(slot, tokens)
+            prefill = []
         elapsed = time.perf_counter() - began
+        if not prefill:
+            self._step_s = _decayed(self._step_s, elapsed)
+        else:
+            self._adapt_chunk(elapsed)
         self.metrics.step_seconds.observe(elapsed)
         self.metrics.batch_size.observe(len(slots))
         self.metrics.target_passes.inc(passes)
@@ -371,3 +501,7 @@ class Scheduler:
             self.engine.release(slot.seq)
         except Exception:  # noqa: BLE001 - the engine frees the row even when the drafter's cleanup raises
             log.exception("drafter cleanup failed for sequence %s", slot.seq.ctx.seq_id)
+
+
+def _decayed(mean: float | None, value: float, weight: float = 0.2) -> float:
+    return value if mean is None else (1 - weight) * mean + weight * value

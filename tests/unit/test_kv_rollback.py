@@ -1,36 +1,15 @@
 """After rejections (and tree compaction) the cache holds exactly what plain decoding would have cached."""
+import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.drafters.base import BaseDrafter, Draft
 from specdecode.engine import Engine
+from specdecode.kv_cache import RollbackCache
+from tests.fakes import WrongThenRightTree
 
 PROMPT = "abcabcabd abcabc"
 N = 30
-
-
-class WrongThenRightTree(BaseDrafter):
-    """Proposes a tree whose FIRST branch is wrong and whose second branch is the true continuation, so the
-    accepted path lies off the first-child slots and must be compacted."""
-
-    name = "oracle-tree"
-
-    def __init__(self, truth: list[int], prompt_len: int):
-        self.truth, self.prompt_len = truth, prompt_len
-
-    def propose(self, seqs):
-        drafts = []
-        for seq in seqs:
-            done = len(seq.tokens) - self.prompt_len
-            right = self.truth[done : done + 2]
-            if len(right) < 2:
-                drafts.append(Draft())
-                continue
-            wrong = (right[0] + 1) % 250 + 3
-            # root -> wrong(0) -> wrong(1); root -> right0(2) -> right1(3)
-            drafts.append(Draft((wrong, wrong, right[0], right[1]), (-1, 0, -1, 2)))
-        return drafts
 
 
 def run(engine, ids):
@@ -63,26 +42,66 @@ def test_cache_after_rejections_matches_plain(tiny_target, tiny_tokenizer):
             torch.testing.assert_close(v1, v2, rtol=1e-3, atol=1e-4)
 
 
-def test_compaction_moves_the_accepted_path(tiny_target):
-    cache = tiny_target.new_cache(rows=1, capacity=16)
-    layer = cache.layers[0]
-    layer.lazy_initialization(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
-    layer.keys[0, :, :, 0] = torch.arange(16, dtype=torch.float32)
-    cache.compact(0, [7, 9], 5)
-    assert layer.keys[0, 0, :, 0].tolist()[4:8] == [4.0, 7.0, 9.0, 7.0]
-
-
-def test_growing_keeps_every_slot_of_every_row(tiny_target):
-    """ensure() doubles capacity (and adds rows) mid-generation: all cached slots, the last included, survive."""
-    cache = tiny_target.new_cache(rows=2, capacity=8)
+def _fill(cache, rows: list[int], slots: int) -> None:
+    """Write slots 0..slots-1 of `rows` in every layer: key channel 0 = the slot's number (row r adds 100 r),
+    value channel 1 = its negative."""
+    cache.prepare(rows, 0, cache.capacity if cache.static else slots)
     for layer in cache.layers:
-        layer.lazy_initialization(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))
-        layer.keys[:, :, :, 0] = torch.arange(16, dtype=torch.float32).reshape(2, 1, 8)
-        layer.values[:, :, :, 1] = -torch.arange(16, dtype=torch.float32).reshape(2, 1, 8)
+        keys = torch.zeros(len(rows), 2, slots, 4)
+        keys[:, :, :, 0] = torch.arange(slots, dtype=torch.float32) + 100 * torch.tensor(rows)[:, None, None]
+        values = torch.zeros(len(rows), 2, slots, 4)
+        values[:, :, :, 1] = -keys[:, :, :, 0]
+        layer.update(keys, values)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_compaction_moves_the_accepted_path(static):
+    cache = RollbackCache(num_layers=1, rows=1, capacity=16, static=static)
+    _fill(cache, [0], 16)
+    cache.compact(0, [7, 9], 5)
+    (keys, _), = cache.row_view(0, 16)
+    assert keys[0, :, 0].tolist()[4:8] == [4.0, 7.0, 9.0, 7.0]
+
+
+def test_growing_keeps_every_slot_of_every_row():
+    """ensure() doubles a static cache's capacity (and adds rows) mid-generation: all cached slots, the last
+    included, survive."""
+    cache = RollbackCache(num_layers=2, rows=2, capacity=8, static=True)
+    _fill(cache, [0, 1], 8)
     cache.ensure(3, 9)
     assert (cache.num_rows, cache.capacity) == (3, 16)
     for layer in cache.layers:
         assert layer.keys.shape[0] == 3 and layer.keys.shape[2] == 16
-        assert layer.keys[:2, 0, :8, 0].flatten().tolist() == list(range(16))
-        assert layer.values[:2, 1, :8, 1].flatten().tolist() == [-float(i) for i in range(16)]
+        assert layer.keys[:2, 0, :8, 0].flatten().tolist() == list(range(8)) + list(range(100, 108))
+        assert layer.values[:2, 1, :8, 1].flatten().tolist() == [-float(i) for i in [*range(8), *range(100, 108)]]
         assert not layer.keys[2].any() and not layer.keys[:, :, 8:].any()
+
+
+def test_a_dynamic_row_grows_on_write_and_keeps_its_slots():
+    """A dynamic row is allocated at its reservation and grows (by at least a quarter) when a write passes its
+    end; other rows keep their own size, and the written slots survive."""
+    cache = RollbackCache(num_layers=2, rows=2, capacity=8)
+    cache.reserve(0, 64)
+    cache.reserve(1, 200)
+    _fill(cache, [0, 1], 8)
+    assert [tuple(t.shape) for t in cache.row_view(0, 10**6)[0]] == [(2, 64, 4)] * 2
+    assert [tuple(t.shape) for t in cache.row_view(1, 10**6)[0]] == [(2, 256, 4)] * 2  # rounded up to 64
+    _fill(cache, [0], 70)  # past row 0's end
+    for (keys, values), (other, _) in zip(cache.row_view(0, 10**6), cache.row_view(1, 10**6)):
+        assert keys.shape[1] == 128 and other.shape[1] == 256
+        assert keys[0, :70, 0].tolist() == list(range(70))
+        assert other[0, :8, 0].tolist() == list(range(100, 108))
+
+
+def test_release_frees_a_dynamic_row():
+    cache = RollbackCache(num_layers=2, rows=2, capacity=8)
+    cache.reserve(0, 64)
+    _fill(cache, [0], 8)
+    small = cache.nbytes
+    cache.reserve(1, 4096)
+    _fill(cache, [1], 8)
+    assert cache.nbytes == small * (64 + 4096) // 64  # row 1 holds 4096 slots, row 0 64
+    cache.release(1)
+    assert cache.nbytes == small
+    cache.release(0)
+    assert cache.nbytes == 0
