@@ -83,3 +83,18 @@ def test_a_corrupted_assembled_file_is_detected_and_rebuilt(tmp_path):
     assert sha256_file(path) != model.sha256
     assert gguf_path(model, tmp_path, progress=False) == path
     assert sha256_file(path) == model.sha256
+
+
+def test_the_documented_command_works_offline():
+    """README's pair command, offline, prints the answer and then tau and tokens/s."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "specdecode", "generate", "--model", TARGET, "--draft-model", DRAFT,
+                           "--chat", "--max-new-tokens", "24", PROMPTS[0]], capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "def " in done.stdout
+    assert "tau" in done.stderr + done.stdout and "tokens/s" in done.stderr + done.stdout
