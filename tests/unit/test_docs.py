@@ -67,3 +67,15 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 170
     assert lines[3].startswith("make demo") and lines[4].startswith("make test")
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "serve", "bench-serve", "bench-fastpath", "bench-quality",
+                                     "train"])
+def test_every_command_prints_its_help(command, capsys):
+    """argparse formats help strings with %: a stray one crashes --help (it did, for serve)."""
+    from specdecode.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage:" in capsys.readouterr().out
