@@ -39,8 +39,8 @@ def kv_bytes_per_slot(config, num_layers: int, dtype: torch.dtype) -> int:
     return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-class _SlotLayer(CacheLayerMixin):
-    """One layer's static buffers; allocated lazily at the first write (shape and dtype come from the model)."""
+class _OwnedLayer(CacheLayerMixin):
+    """A layer whose lengths are its cache's (the engine says where each forward writes and reads)."""
 
     is_compileable = False
     is_sliding = False
@@ -48,6 +48,19 @@ class _SlotLayer(CacheLayerMixin):
     def __init__(self, owner: "RollbackCache"):
         super().__init__()
         self.owner = owner
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.kv_len
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class _SlotLayer(_OwnedLayer):
+    """One layer's static buffers; allocated lazily at the first write (shape and dtype come from the model)."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         rows, capacity = self.owner.num_rows, self.owner.capacity
@@ -63,15 +76,6 @@ class _SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         return self.owner.write(self, key_states, value_states)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.kv_len, 0
-
-    def get_seq_length(self) -> int:
-        return self.owner.kv_len
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
 
     def resize(self, rows: int, capacity: int) -> None:
         if not self.is_initialized:
@@ -94,15 +98,11 @@ class _SlotLayer(CacheLayerMixin):
         return self.keys.nbytes + self.values.nbytes
 
 
-class _RowLayer(CacheLayerMixin):
+class _RowLayer(_OwnedLayer):
     """One layer's dynamic buffers: one (keys, values) pair per live row, each [kv_heads, capacity, head_dim]."""
 
-    is_compileable = False
-    is_sliding = False
-
     def __init__(self, owner: "RollbackCache"):
-        super().__init__()
-        self.owner = owner
+        super().__init__(owner)
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -148,15 +148,6 @@ class _RowLayer(CacheLayerMixin):
             new_values[:, :have] = values
         self.buffers[row] = (new_keys, new_values)
         return new_keys, new_values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.kv_len, 0
-
-    def get_seq_length(self) -> int:
-        return self.owner.kv_len
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
 
     def resize(self, rows: int, capacity: int) -> None:
         pass  # rows grow on write
