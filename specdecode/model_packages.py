@@ -111,11 +111,16 @@ def gguf_path(model: PackagedModel, cache: Path, progress: bool = True) -> Path:
     files = part_files(model)
     if len(files) == 1 and model.sha256 is None:
         return files[0]
-    target = cache / "gguf" / model.gguf_name
+    target = assembled_path(model, cache)
     if target.is_file() and _matches(target, model, progress):
         return target
     _assemble(files, target, model, progress)
     return target
+
+
+def assembled_path(model: PackagedModel, cache: Path) -> Path:
+    """Where a model split over parts is assembled (whether or not it is there yet)."""
+    return cache / "gguf" / model.gguf_name
 
 
 def _matches(path: Path, model: PackagedModel, progress: bool) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .int8_draft import quantize_linears
-from .model_packages import PACKAGED, PackageError, default_dtype, default_weights, gguf_path
+from .model_packages import PACKAGED, PackageError, assembled_path, default_dtype, default_weights, gguf_path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _MANIFEST = "specdecode-manifest.json"
@@ -62,11 +62,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _gguf_cache_dir(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """One converted copy per GGUF and dtype (float32 keeps the key it always had)."""
-    stat = gguf.stat()
+def _gguf_cache_dir(gguf: Path, dtype: torch.dtype = torch.float32, size: int | None = None) -> Path:
+    """One converted copy per GGUF and dtype (float32 keeps the key it always had). size: the file's pinned
+    size, for a GGUF that need not exist (yet) to name its copy."""
+    size = gguf.stat().st_size if size is None else size
     suffix = "" if dtype == torch.float32 else f"|{dtype}"
-    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{_CACHE_FORMAT}{suffix}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{gguf.resolve()}|{size}|{_CACHE_FORMAT}{suffix}".encode()).hexdigest()[:16]
     return cache_root() / f"{gguf.stem}-{key}"
 
 
@@ -136,6 +137,11 @@ def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32) -> s
     """Map a user's model spec to something `from_pretrained` accepts (a local dir, or a hub id)."""
     name = canonical_name(spec)
     if name is not None:
+        model = PACKAGED[name]
+        if model.size is not None:  # assembled from parts: a valid converted copy needs no GGUF, nor its hash
+            directory = _gguf_cache_dir(assembled_path(model, cache_root()), dtype, model.size)
+            if _cache_is_valid(directory):
+                return str(directory)
         return str(converted_gguf_dir(packaged_gguf_path(name), dtype))
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
