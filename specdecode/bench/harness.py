@@ -156,7 +156,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         "versions": {"torch": torch.__version__, "transformers": _version("transformers"),
                      "python": platform.python_version()},
         "elapsed_s": round(time.perf_counter() - began, 2),
-        "near_tie_tolerance": f"{NEAR_TIE_EPS} * eps(dtype) * max(1, |top logit|)",
+        "near_tie_tolerance": f"{NEAR_TIE_EPS} * eps(dtype the logits are computed in: bf16 with int8 weights) * max(1, |top logit|)",
         "skipped": skipped,
         "multi_turn_history": "the baseline's answers, for every method",
         "config": asdict(config),

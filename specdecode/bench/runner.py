@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..int8_draft import ACTIVATION_DTYPE, Int8Linear
 from .methods import BASELINE, Generation, Method, RunSettings
 from .prompts import Question
 
@@ -228,6 +229,14 @@ def first_difference(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The precision the model's logits are computed in: int8 linears take and give bf16 activations
+    (int8_draft.Int8Linear), so an int8-weight model's near-ties are bf16's, whatever its parameters' dtype."""
+    if any(isinstance(module, Int8Linear) for module in model.modules()):
+        return ACTIVATION_DTYPE
+    return next(model.parameters()).dtype
+
+
 def near_tie_tolerance(dtype: torch.dtype, top_logit: float) -> float:
     return NEAR_TIE_EPS * torch.finfo(dtype).eps * max(1.0, abs(top_logit))
 
@@ -240,7 +249,7 @@ def classify_mismatch(model: torch.nn.Module, reference: Record, record: Record)
     base_token = base[position] if position < len(base) else None
     method_token = ours[position] if position < len(ours) else None
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    dtype = compute_dtype(model)
     ids = torch.tensor([reference.prompt_ids + base[:position]], device=device)  # [1, prompt + position]
     logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()  # [vocab]
     top = float(logits.max())
