@@ -82,8 +82,14 @@ def wants_int8(choice: str, device: torch.device) -> bool:
         raise ConfigError(f"--draft-weights must be one of {', '.join(CHOICES)}, got {choice!r}")
     if choice == "same":
         return False
-    usable = device.type == "cpu" and available()
-    if choice == "int8" and not usable:
-        where = "this torch build lacks the kernel" if device.type == "cpu" else f"not on {device.type}"
-        raise ConfigError(f"--draft-weights int8 needs the int8-weight CPU kernel ({where})")
-    return usable
+    missing = kernel_missing(device)
+    if choice == "int8" and missing:
+        raise ConfigError(f"--draft-weights int8 needs the int8-weight CPU kernel ({missing})")
+    return missing is None
+
+
+def kernel_missing(device: torch.device) -> str | None:
+    """Why int8 weights cannot run on `device` (None: they can): the kernel is a CPU op of torch's."""
+    if device.type != "cpu":
+        return f"not on {device.type}"
+    return None if available() else "this torch build lacks the kernel"

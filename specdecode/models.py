@@ -195,19 +195,17 @@ WEIGHTS = ("auto", "same", "int8")  # load_model(weights=...) / --weights
 
 def wants_int8_weights(weights: str, spec: str | None, device: str) -> bool:
     """Whether the model's linear layers get int8 weights; a choice that cannot be honoured is one line."""
-    from .int8_draft import available
+    from .int8_draft import kernel_missing
 
     if weights not in WEIGHTS:
         raise ModelError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     choice = default_weights(canonical_name(spec), device) if weights == "auto" else weights
     if choice != "int8":
         return False
-    if not device.startswith("cpu") or not available():
-        where = "this torch build lacks the kernel" if device.startswith("cpu") else f"not on {device}"
-        if weights == "auto":
-            return False
-        raise ModelError(f"int8 weights need the int8-weight CPU kernel ({where})")
-    return True
+    missing = kernel_missing(torch.device(device))
+    if missing and weights != "auto":
+        raise ModelError(f"int8 weights need the int8-weight CPU kernel ({missing})")
+    return missing is None
 
 
 def model_dtype(spec: str | None, device: str = "cpu") -> str:
