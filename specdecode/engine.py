@@ -82,10 +82,9 @@ class Engine:
     def warmup(self) -> None:
         """Fast path: compile every fixed-shape step the drafter can ask for before anything is timed."""
         k = self.spec.max_k if self.spec.adaptive else self.spec.k
-        nodes = self.drafter.max_nodes(k) if hasattr(self.drafter, "max_nodes") else k  # trees: more than k
-        self.target.warmup(self.cache, nodes + 1, hidden=_needs_hidden(self.drafter))
-        exit_layer = getattr(self.drafter, "exit_layer", None)
-        if exit_layer:
+        capabilities = self.drafter.capabilities
+        self.target.warmup(self.cache, self.drafter.max_nodes(k) + 1, hidden=capabilities.needs_hidden)
+        for exit_layer in capabilities.exit_layers:
             self.target.warmup(self.cache, 1, num_layers=exit_layer)
 
     # -- admission --------------------------------------------------------------------------------------------
@@ -148,7 +147,7 @@ class Engine:
         if chunk:
             block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
                                 self.target.device)
-            out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last", hidden=_needs_hidden(self.drafter))
+            out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last", hidden=self.drafter.capabilities.needs_hidden)
             self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
         else:
             self._prefilled(seq, 0, None)
@@ -223,7 +222,7 @@ class Engine:
         )
         self.cache.ensure(self.max_batch, block.kv_len)
         out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs] + [seq.ctx.row for seq, _ in chunks],
-                                  block, hidden=_needs_hidden(self.drafter))
+                                  block, hidden=self.drafter.capabilities.needs_hidden)
         for b, (seq, chunk) in enumerate(chunks, start=len(seqs)):
             self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[b])
             seq.metrics.prefill_s += time.perf_counter() - drafted
@@ -364,6 +363,3 @@ def _block_parents(draft: Draft) -> list[int]:
     aux = [0 if p < 0 else 1 + n + p for p in _aux(draft).parents]
     return [-1, *(p + 1 for p in draft.parents), *aux]
 
-
-def _needs_hidden(drafter: Drafter) -> bool:
-    return bool(getattr(drafter, "needs_hidden", False))

@@ -92,10 +92,25 @@ class SequenceContext:
         return len(self.tokens) - 1
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a drafter needs from the engine beyond the Protocol's calls, declared rather than probed for, so a
+    drafter that routes to others (the server's) can report the union of theirs (`union`)."""
+
+    needs_hidden: bool = False  # reads the target's hidden states of committed tokens (ctx.hidden): EAGLE, Medusa
+    exit_layers: tuple[int, ...] = ()  # drafts with partial target passes of these depths (layer skip): warmed up
+
+    @staticmethod
+    def union(parts: "Sequence[Capabilities]") -> "Capabilities":
+        return Capabilities(any(c.needs_hidden for c in parts),
+                            tuple(sorted({layer for c in parts for layer in c.exit_layers})))
+
+
 class Drafter(Protocol):
     """Proposes drafts for a batch of sequences and learns from what the target accepted."""
 
     name: str
+    capabilities: Capabilities
 
     def start(self, seq: SequenceContext) -> None:
         """A sequence begins (after prefill): set up seq.state."""
@@ -106,12 +121,16 @@ class Drafter(Protocol):
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         """The step committed `accepted` draft tokens plus one target token (already in seq.tokens)."""
 
+    def observe_aux(self, seq: SequenceContext, logits: torch.Tensor) -> None:
+        """The target's output at each node of the draft's AuxBranch (logits [len(aux), vocab]); called after the
+        pass and before `observe`, only for drafts that carry one."""
+
     def finish(self, seq: SequenceContext) -> None:
         """The sequence left the batch: free its resources."""
 
-    # Optional: a drafter whose drafts carry an AuxBranch defines
-    #     observe_aux(seq, logits)  # logits [len(aux), vocab], the target's output at each aux node
-    # which the engine calls after the pass and before `observe`.
+    def max_nodes(self, k: int) -> int:
+        """Most nodes (draft plus aux) one draft may hold at speculation length k: k for chains, more for trees.
+        The fixed-shape fast path compiles passes up to this width."""
 
 
 @dataclass(frozen=True)
@@ -163,9 +182,13 @@ class BaseDrafter:
     """Defaults for drafters that keep no per-sequence state or need no feedback."""
 
     name = "base"
+    capabilities = Capabilities()
 
     def start(self, seq: SequenceContext) -> None:
         pass
+
+    def max_nodes(self, k: int) -> int:
+        return k
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         pass

@@ -28,7 +28,7 @@ from ..config import ConfigError, SpecConfig
 from ..cpu_gemm import SkinnyLinears
 from ..kv_cache import RollbackCache
 from ..target import Target, eager_attention
-from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
+from .base import Capabilities, Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
 from ..trees import children_of
 from .head_io import resolve_head
 from .nets import EagleNet, EagleNetConfig, FrozenVocab, fast_bf16_cpu
@@ -86,7 +86,7 @@ def graft_chain(draft: Draft, chain: Sequence[int]) -> Draft:
 class Eagle(RowStateDrafter):
     name = "eagle"
     state_type = _State
-    needs_hidden = True
+    capabilities = Capabilities(needs_hidden=True)
 
     def __init__(self, target: Target, net: EagleNet, budget: TreeBudget, draft_vocab: int | None = None,
                  head_dtype: torch.dtype | None = None):

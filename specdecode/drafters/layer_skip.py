@@ -10,7 +10,7 @@ import torch
 from ..config import ConfigError, SpecConfig
 from ..target import Target
 from ..trees import build_block
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .base import BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
 from .model_step import choose
 
 
@@ -21,6 +21,7 @@ class LayerSkip(BaseDrafter):
         if not 1 <= exit_layer < target.num_layers:
             raise ConfigError(f"exit layer must be in 1..{target.num_layers - 1}, got {exit_layer}")
         self.target, self.exit_layer, self.confidence = target, exit_layer, confidence
+        self.capabilities = Capabilities(exit_layers=(exit_layer,))
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         tokens: list[list[int]] = [[] for _ in seqs]

@@ -14,7 +14,7 @@ import torch
 from ..config import SpecConfig
 from ..target import Target
 from ..trees import StaticTree, compile_paths
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .base import BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
 from .eagle import DRAFT_VOCAB
 from .head_io import resolve_head
 from .nets import FrozenVocab, MedusaHeads, MedusaNetConfig, fast_bf16_cpu
@@ -45,7 +45,7 @@ def medusa_paths(accuracy: list[list[float]], budget: int) -> list[list[int]]:
 
 class Medusa(BaseDrafter):
     name = "medusa"
-    needs_hidden = True
+    capabilities = Capabilities(needs_hidden=True)
 
     def __init__(self, target: Target, net: MedusaHeads, tree: StaticTree, draft_vocab: int | None = None,
                  head_dtype: torch.dtype | None = None):

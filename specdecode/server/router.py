@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..drafters.base import Draft, Drafter, SequenceContext
+from ..drafters.base import Capabilities, Draft, Drafter, SequenceContext
 
 _KEY, _STARTED = "drafter", "drafter_started"
 
@@ -21,7 +21,10 @@ class RoutingDrafter:
         if default not in drafters:
             raise ValueError(f"default drafter {default!r} is not among {list(drafters)}")
         self.drafters, self.default = dict(drafters), default
-        self.needs_hidden = any(getattr(d, "needs_hidden", False) for d in drafters.values())
+        self.capabilities = Capabilities.union([d.capabilities for d in self.drafters.values()])
+
+    def max_nodes(self, k: int) -> int:
+        return max(d.max_nodes(k) for d in self.drafters.values())
 
     def choose(self, seq: SequenceContext, name: str | None) -> None:
         if name is not None and name not in self.drafters:
@@ -48,9 +51,7 @@ class RoutingDrafter:
         return drafts
 
     def observe_aux(self, seq: SequenceContext, logits) -> None:
-        hook = getattr(self._of(seq), "observe_aux", None)  # optional (drafts with an AuxBranch)
-        if hook is not None:
-            hook(seq, logits)
+        self._of(seq).observe_aux(seq, logits)
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         self._of(seq).observe(seq, accepted)

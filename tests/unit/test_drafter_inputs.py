@@ -11,6 +11,7 @@ import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.base import Capabilities
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.layer_skip import LayerSkip
 from specdecode.engine import Engine
@@ -37,7 +38,7 @@ class HiddenRecorder(WrongThenRightTree):
     path is not the block's first rows."""
 
     name = "hidden-recorder"
-    needs_hidden = True
+    capabilities = Capabilities(needs_hidden=True)
 
     def __init__(self, truth: list[int], prompt_len: int):
         super().__init__(truth, prompt_len)

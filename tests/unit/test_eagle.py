@@ -147,7 +147,7 @@ def test_head_roundtrip_and_errors(small, tmp_path):
         assert torch.equal(a, b), name
     spec = SpecConfig()
     built = build_drafter(small, DrafterConfig("eagle", draft_model=str(tmp_path / "h")), spec)
-    assert built.needs_hidden
+    assert built.capabilities.needs_hidden
     with pytest.raises(ConfigError, match="no trained eagle head"):
         build_drafter(small, DrafterConfig("eagle"), spec)
     with pytest.raises(ConfigError, match="not 'medusa'"):

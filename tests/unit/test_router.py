@@ -4,14 +4,14 @@ check catches a mix-up)."""
 import torch
 
 from specdecode.config import SamplingConfig
-from specdecode.drafters.base import Draft, SequenceContext
+from specdecode.config import SpecConfig
+from specdecode.drafters.base import BaseDrafter, Capabilities, Draft, SequenceContext
+from specdecode.engine import Engine
 from specdecode.server.router import RoutingDrafter
 
 
-class _Echo:
+class _Echo(BaseDrafter):
     """Drafts [tag, seq_id]; records the sequences it started and finished."""
-
-    needs_hidden = False
 
     def __init__(self, tag: int):
         self.tag, self.started, self.finished = tag, [], []
@@ -43,3 +43,37 @@ def test_drafts_go_back_to_their_own_sequences():
     for seq in seqs:
         router.finish(seq)
     assert a.finished == [0, 2, 3] and b.finished == [1, 4]
+
+
+class _Declares(BaseDrafter):
+    def __init__(self, capabilities: Capabilities, nodes_per_k: int = 1):
+        self.capabilities, self.nodes_per_k = capabilities, nodes_per_k
+
+    def max_nodes(self, k: int) -> int:
+        return self.nodes_per_k * k
+
+
+class _WarmupRecorder:
+    """A target that records the step shapes it is asked to warm up."""
+
+    def __init__(self):
+        self.calls = []
+
+    def new_cache(self, rows, capacity):
+        return None
+
+    def warmup(self, cache, width, hidden=False, num_layers=None):
+        self.calls.append((width, hidden, num_layers))
+
+
+def test_router_reports_the_union_of_its_drafters_capabilities():
+    """The server drafts through a router: the engine's warm-up must still compile the widest tree, the hidden
+    outputs and the layer-skip depth of the drafters behind it."""
+    router = RoutingDrafter({"tree": _Declares(Capabilities(needs_hidden=True), nodes_per_k=5),
+                             "skip": _Declares(Capabilities(exit_layers=(4,))),
+                             "plain": _Declares(Capabilities())}, default="plain")
+    assert router.capabilities == Capabilities(needs_hidden=True, exit_layers=(4,))
+    assert router.max_nodes(3) == 15
+    target = _WarmupRecorder()
+    Engine(target, router, SpecConfig(k=3)).warmup()
+    assert target.calls == [(16, True, None), (1, False, 4)]
