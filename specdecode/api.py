@@ -13,7 +13,7 @@ import torch
 
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, check_device
 from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, check_options_read
-from .engine import Engine, Result, Sequence, TextChunk
+from .engine import Engine, Result, Sequence, StepOutcome
 from .fast import FastPathConfig
 from .models import load_model
 from .target import Target
@@ -72,13 +72,13 @@ class SpecDecoder:
         return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
 
     def stream(self, prompt: str | list[dict], *, chat: bool = False, sampling: SamplingConfig | None = None,
-               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, TextChunk]]:
+               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, StepOutcome]]:
         """Checks its arguments when called (not at the first next()), then decodes lazily."""
         for name, value, kind in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig)):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"{name} must be a {kind.__name__} or None, got {type(value).__name__}")
         _check_greedy(sampling or SamplingConfig())
-        return self.engine.stream_text(self.encode(prompt, chat), sampling, generation)
+        return self.engine.stream(self.encode(prompt, chat), sampling, generation)
 
     def generate(self, prompt: str | list[dict], *, chat: bool = False, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> Result:

@@ -126,10 +126,13 @@ class GenerationConfig:
     max_new_tokens: int = 128
     stop_on_eos: bool = True
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
+    detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
 
     def __post_init__(self) -> None:
         _check_types("generation", max_new_tokens=(self.max_new_tokens, _INT), stop_on_eos=(self.stop_on_eos, _BOOL),
-                     stop_strings=(self.stop_strings, _STRINGS))
+                     stop_strings=(self.stop_strings, _STRINGS), detokenize=(self.detokenize, _BOOL))
+        if self.stop_strings and not self.detokenize:
+            raise ConfigError("stop_strings are matched on text: they need detokenize=True")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if not all(isinstance(s, str) and s for s in self.stop_strings):  # "" would be dropped, not matched

@@ -3,9 +3,10 @@ empty draft. `Engine.step` is the loop body over a batch; `stream` runs it for o
 scheduler runs it for many (sequences join and leave between steps)."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -33,10 +34,11 @@ class Sequence:
     length: SpeculationLength
     metrics: GenerationMetrics
     prompt_len: int
-    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "error"
     prefilled: int = 0  # prompt tokens whose KV is cached (the prompt's last token is the first step's root)
     ready: bool = False  # prefill done and the drafter started: `step` may run it
     prefill_hidden: list[torch.Tensor] = field(default_factory=list, repr=False)  # per chunk, [q, hidden]
+    text: "StopText | None" = field(default=None, repr=False)  # detokeniser and stop strings (None: ids only)
 
     @property
     def finished(self) -> bool:
@@ -60,11 +62,19 @@ class Result:
 
 
 @dataclass(frozen=True)
-class TextChunk:
-    """What `stream_text` yields: new token ids and the text they completed (may be empty)."""
+class StepOutcome:
+    """What one step did to one sequence. Callers (the server's scheduler, `stream`) read this instead of
+    diffing the sequence's metrics."""
 
-    token_ids: list[int]
-    text: str
+    token_ids: list[int]  # committed this step, cut at a stop (EOS kept, stop string's tokens kept)
+    text: str  # the text they completed, cut before a stop string ("" without a tokenizer or detokenize)
+    k: int  # the speculation length the step asked the drafter for
+    depth: int  # the draft's depth (0: plain decoding)
+    accepted: int  # draft tokens accepted
+    draft_s: float  # this step's drafting time (the batch's, shared by its rows)
+    verify_s: float  # this step's target pass, verification and commit
+    finish_reason: str | None = None  # set when this step finished the sequence
+    error: Exception | None = None  # committing this row failed (finish_reason "error"); the other rows are fine
 
 
 @dataclass
@@ -73,6 +83,9 @@ class Engine:
     drafter: Drafter
     spec: SpecConfig = field(default_factory=SpecConfig)
     max_batch: int = 1
+    # held while the tokenizer decodes: a server encodes prompts on other threads, and a fast tokenizer must
+    # not be used from two threads at once
+    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
@@ -127,6 +140,8 @@ class Engine:
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
         self._next_id += 1
         seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
+        if generation.detokenize and self.target.tokenizer is not None:
+            seq.text = StopText(self.target.tokenizer, generation.stop_strings)
         seq.metrics.prompt_tokens = len(prompt_ids)
         try:
             self.cache.reserve(row, self.kv_slots(len(prompt_ids), generation))
@@ -192,10 +207,15 @@ class Engine:
             self._free_rows.sort()
 
     # -- the loop body ------------------------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence], prefill: list[tuple[Sequence, int]] = ()) -> list[list[int]]:
-        """One draft -> verify -> commit over a batch; returns each sequence's newly committed tokens.
+    def step(self, seqs: list[Sequence], prefill: list[tuple[Sequence, int]] = (),
+             draft_len: Callable[[Sequence], int] | None = None) -> list[StepOutcome]:
+        """One draft -> verify -> commit over a batch; one outcome per sequence of `seqs`.
         prefill: (prefilling sequence, tokens) pairs whose next chunks ride in the same target pass, a row each
-        (a chunk then costs the step little more than its tokens, not a pass of its own)."""
+        (a chunk then costs the step little more than its tokens, not a pass of its own).
+        draft_len: the speculation length to ask for, per sequence (default: its own policy's, `seq.length.k`);
+        a server caps it by load. Either way it is cut to the tokens the sequence may still add.
+        A row whose commit fails gets an outcome with `error` and leaves; a failure before any commit (drafting,
+        the pass) raises, and no row has changed."""
         if any(seq.prefilling for seq in seqs):
             raise ValueError("a sequence is still prefilling: finish prefill_chunk first")
         chunks = [(seq, self._next_chunk(seq, tokens)) for seq, tokens in prefill if seq.prefilling]
@@ -208,10 +228,12 @@ class Engine:
         began = time.perf_counter()
         for seq in seqs:
             remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
-            seq.ctx.k = max(0, min(seq.length.k, remaining - 1))
+            wanted = seq.length.k if draft_len is None else draft_len(seq)
+            seq.ctx.k = max(0, min(wanted, remaining - 1))
         drafts = self.drafter.propose([seq.ctx for seq in seqs])
         drafted = time.perf_counter()
 
+        hidden = self.drafter.capabilities.needs_hidden
         block = build_block(
             [seq.ctx.cache_len for seq in seqs] + [seq.prefilled for seq, _ in chunks],
             [[seq.ctx.tokens[-1], *draft.tokens, *_aux(draft).tokens] for seq, draft in zip(seqs, drafts)]
@@ -222,7 +244,7 @@ class Engine:
         )
         self.cache.ensure(self.max_batch, block.kv_len)
         out = self.target.forward(self.cache, [seq.ctx.row for seq in seqs] + [seq.ctx.row for seq, _ in chunks],
-                                  block, hidden=self.drafter.capabilities.needs_hidden)
+                                  block, hidden=hidden)
         for b, (seq, chunk) in enumerate(chunks, start=len(seqs)):
             self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[b])
             seq.metrics.prefill_s += time.perf_counter() - drafted
@@ -230,21 +252,29 @@ class Engine:
             if draft.aux:  # aux nodes sit after the root and the n draft nodes
                 self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])
         verdicts = self._verify(seqs, drafts, out.logits)
-        new_tokens = [
-            self._commit(seq, draft, verdict, None if out.hidden is None else out.hidden[b])
-            for b, (seq, draft, verdict) in enumerate(zip(seqs, drafts, verdicts))
-        ]
+        committed: list[tuple[list[int], str, Exception | None]] = []
+        for b, (seq, draft, verdict) in enumerate(zip(seqs, drafts, verdicts)):
+            try:
+                committed.append((*self._commit(seq, draft, verdict, None if out.hidden is None else out.hidden[b]),
+                                  None))
+            except Exception as error:  # noqa: BLE001 - this row's failure (its drafter's feedback, say) is its own
+                seq.finish_reason = "error"
+                committed.append(([], "", error))
         finished = time.perf_counter()
-        for seq, draft, verdict, tokens in zip(seqs, drafts, verdicts, new_tokens):
+        outcomes = []
+        for seq, draft, verdict, (tokens, text, error) in zip(seqs, drafts, verdicts, committed):
             seq.metrics.draft_s += drafted - began
             seq.metrics.verify_s += finished - drafted
             seq.metrics.total_s += finished - began
-            # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
-            # draws) must not depend on timing, or the same seed would not give the same text
-            seeded = seq.ctx.sampling.seed is not None and not seq.ctx.sampling.greedy
-            seq.length.update(draft.depth, len(verdict.accepted), seconds=None if seeded else finished - began,
-                              committed=len(tokens))
-        return new_tokens
+            if error is None:
+                # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
+                # draws) must not depend on timing, or the same seed would not give the same text
+                seeded = seq.ctx.sampling.seed is not None and not seq.ctx.sampling.greedy
+                seq.length.update(draft.depth, len(verdict.accepted), seconds=None if seeded else finished - began,
+                                  committed=len(tokens))
+            outcomes.append(StepOutcome(tokens, text, seq.ctx.k, draft.depth, len(verdict.accepted), drafted - began,
+                                        finished - drafted, seq.finish_reason, error))
+        return outcomes
 
     def _verify(self, seqs: list[Sequence], drafts: list[Draft], logits: torch.Tensor) -> list:
         # logits: [b, q, vocab]; row b's first len(draft) + 1 positions are real
@@ -262,21 +292,21 @@ class Engine:
                 verdicts.append(verify_sampling(draft.tokens, draft.parents, q, p, seq.ctx.generator))
         return verdicts
 
-    def _commit(self, seq: Sequence, draft: Draft, verdict, hidden: torch.Tensor | None) -> list[int]:
+    def _commit(self, seq: Sequence, draft: Draft, verdict, hidden: torch.Tensor | None) -> tuple[list[int], str]:
         ctx = seq.ctx
         path_in_block = [node + 1 for node in verdict.accepted]  # block index 0 is the root
         self.cache.compact(ctx.row, [ctx.cache_len + i for i in path_in_block], ctx.cache_len + 1)
-        tokens = [draft.tokens[node] for node in verdict.accepted] + [verdict.next_token]
-        tokens = self._apply_stops(seq, tokens)
+        tokens = self._cut_at_stops(seq, [draft.tokens[node] for node in verdict.accepted] + [verdict.next_token])
         if hidden is not None:
             ctx.hidden = hidden[[0, *path_in_block]]  # [accepted + 1, hidden]
         ctx.tokens.extend(tokens)
         seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens))
+        text = self._text(seq, tokens)
         if not seq.finished:
             self.drafter.observe(ctx, len(verdict.accepted))
-        return tokens
+        return tokens, text
 
-    def _apply_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
+    def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the committed tokens at the first EOS (kept, like transformers) or at the length budget."""
         if seq.generation.stop_on_eos:
             for i, token in enumerate(tokens):
@@ -290,36 +320,36 @@ class Engine:
             tokens = tokens[:remaining]
         return tokens
 
+    def _text(self, seq: Sequence, tokens: list[int]) -> str:
+        """The text the committed tokens complete; a stop string found in it finishes the sequence ("stop"; the
+        stop string and what follows are not emitted, the tokens stay committed). The one place stops end text."""
+        if seq.text is None:
+            return ""
+        with self.tokenizer_lock:
+            text, stopped = seq.text.push(tokens, final=seq.finished)
+        if stopped:
+            seq.finish_reason = "stop"
+        return text
+
     # -- one sequence ---------------------------------------------------------------------------------------------
     def stream(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
-               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, list[int]]]:
-        """Decode one sequence; yields (sequence, new token ids) after every step."""
+               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, StepOutcome]]:
+        """Decode one sequence; yields (sequence, the step's outcome) after every step."""
         seq = self.start(prompt_ids, sampling or SamplingConfig(), generation or GenerationConfig())
         try:
             while not seq.finished:
-                (tokens,) = self.step([seq])
-                yield seq, tokens
+                (outcome,) = self.step([seq])
+                if outcome.error is not None:
+                    raise outcome.error
+                yield seq, outcome
         finally:
             self.release(seq)
-
-    def stream_text(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
-                    generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, TextChunk]]:
-        """stream() plus detokenisation and stop strings (the stop string itself is not emitted)."""
-        generation = generation or GenerationConfig()
-        text = StopText(self.target.tokenizer, generation.stop_strings)
-        for seq, tokens in self.stream(prompt_ids, sampling, generation):
-            delta, stopped = text.push(tokens, final=seq.finished)
-            if stopped:
-                seq.finish_reason = "stop"
-            yield seq, TextChunk(tokens, delta)
-            if stopped:
-                return
 
     def generate(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
                  generation: GenerationConfig | None = None) -> Result:
         pieces, seq = [], None
-        for seq, chunk in self.stream_text(prompt_ids, sampling, generation):
-            pieces.append(chunk.text)
+        for seq, outcome in self.stream(prompt_ids, sampling, generation):
+            pieces.append(outcome.text)
         assert seq is not None
         return Result(seq.output_ids, "".join(pieces), seq.finish_reason or "length", seq.metrics)
 

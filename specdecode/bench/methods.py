@@ -365,7 +365,7 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
 def _engine_runner(engine: Engine) -> Callable:
     def run(prompt_ids: list[int], settings: RunSettings) -> Generation:
         sampling = SamplingConfig(temperature=settings.temperature, seed=settings.seed)
-        generation = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_on_eos=True)
+        generation = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_on_eos=True, detokenize=False)
         _sync(engine.target.device)
         began = time.perf_counter()
         seq = None

@@ -84,11 +84,11 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     # the scheduler's per-step policy owns K here (it also switches speculation off when it does not pay)
     spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0, pause_on_time=False)
     engine = Engine(target, router, spec, max_batch=config.max_batch)
-    metrics, lock = ServerMetrics(), threading.Lock()
+    metrics = ServerMetrics()
     scheduling = SchedulerConfig(config.max_batch, config.max_queue, kv_cache_bytes=config.kv_cache_bytes,
                                  prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
-    scheduler = Scheduler(engine, router, scheduling, metrics, policy, lock)
-    return Service(config, target, scheduler, metrics, lock, int(time.time()))
+    scheduler = Scheduler(engine, router, scheduling, metrics, policy)
+    return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()))
 
 
 def create_app(service: Service) -> FastAPI:

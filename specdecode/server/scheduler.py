@@ -38,8 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import GenerationConfig, SamplingConfig
-from ..engine import Engine, Sequence, StopText
-from ..speculation import SpeculationLength
+from ..engine import Engine, Sequence, StepOutcome
 from .metrics import ServerMetrics
 from .policy import AcceptanceStats, SpecPolicy
 from .router import RoutingDrafter
@@ -148,43 +147,37 @@ class Ticket:
         return await self._events.get()
 
 
-@dataclass
-class CappedLength:
-    """Stands in for Sequence.length: the request's own K (or the engine's policy), capped per step by the
-    scheduler; adaptive updates still go to the engine's policy. A seeded sampled request ignores the cap: its
-    random draws depend on K, and the cap depends on the load, but a seed must give the same text at any load."""
+@dataclass(frozen=True)
+class DraftLength:
+    """A request's speculation length: its own K (or the engine policy's), capped per step by the scheduler's
+    load policy (the engine asks through `Engine.step(..., draft_len=)`; adaptive updates still go to the
+    engine's policy, `seq.length`). A seeded sampled request ignores the cap: its random draws depend on K, and
+    the cap depends on the load, but a seed must give the same text at any load."""
 
-    inner: SpeculationLength
     request_k: int | None
     speculates: bool
-    cap: int = 1 << 10
     seeded: bool = False
 
-    @property
-    def own_k(self) -> int:
+    def own(self, policy_k: int) -> int:
         if not self.speculates:
             return 0
-        return self.inner.k if self.request_k is None else self.request_k
+        return policy_k if self.request_k is None else self.request_k
 
-    @property
-    def k(self) -> int:
-        return self.own_k if self.seeded else min(self.own_k, self.cap)
-
-    def update(self, drafted: int, accepted: int, seconds: float | None = None, committed: int = 1) -> None:
-        self.inner.update(drafted, accepted, seconds=seconds, committed=committed)
+    def k(self, policy_k: int, cap: int) -> int:
+        return self.own(policy_k) if self.seeded else min(self.own(policy_k), cap)
 
 
 @dataclass
 class _Slot:
     ticket: Ticket
     seq: Sequence
-    text: StopText
+    length: DraftLength
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     first_token_at: float | None = None
 
     @property
-    def length(self) -> CappedLength:
-        return self.seq.length  # type: ignore[return-value]
+    def own_k(self) -> int:
+        return self.length.own(self.seq.length.k)
 
     @property
     def drafter(self) -> str:
@@ -193,11 +186,10 @@ class _Slot:
 
 class Scheduler:
     def __init__(self, engine: Engine, router: RoutingDrafter, config: SchedulerConfig, metrics: ServerMetrics,
-                 policy: SpecPolicy | None = None, tokenizer_lock: threading.Lock | None = None):
+                 policy: SpecPolicy | None = None):
         if engine.drafter is not router:
             raise ValueError("the engine must draft through the scheduler's RoutingDrafter")
         self.engine, self.router, self.config, self.metrics, self.policy = engine, router, config, metrics, policy
-        self.tokenizer_lock = tokenizer_lock or threading.Lock()
         self._pending: collections.deque[Ticket] = collections.deque()
         self._active: list[_Slot] = []
         self._wake = threading.Condition()
@@ -343,10 +335,9 @@ class Scheduler:
                 continue
             self.router.choose(seq.ctx, job.drafter)
             seeded = job.sampling.seed is not None and not job.sampling.greedy
-            seq.length = CappedLength(seq.length, job.k, job.drafter != NO_SPECULATION,  # type: ignore[assignment]
-                                      seeded=seeded)
+            length = DraftLength(job.k, job.drafter != NO_SPECULATION, seeded=seeded)
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
-            self._active.append(_Slot(ticket, seq, StopText(self.engine.target.tokenizer, job.generation.stop_strings)))
+            self._active.append(_Slot(ticket, seq, length))
 
     def _chunks(self, budget: int) -> list[tuple[_Slot, int]]:
         """Up to `budget` prompt tokens for the prefilling rows, those with the fewest tokens left first (a short
@@ -381,27 +372,27 @@ class Scheduler:
             return 1 << 10
         rows = []
         for slot in slots:
-            if slot.length.own_k > 0:
+            if (own_k := slot.own_k) > 0:
                 pooled = self._pooled.get(slot.drafter)
-                prior = pooled.estimate(self.policy, slot.length.own_k) if pooled else None
-                rows.append(slot.stats.estimate(self.policy, slot.length.own_k, prior))
+                prior = pooled.estimate(self.policy, own_k) if pooled else None
+                rows.append(slot.stats.estimate(self.policy, own_k, prior))
         return self.policy.choose_k(len(slots), rows, self._draft_ms_per_k)
 
     def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
         cap = self.last_k_cap = self._choose_cap(slots)
         self.metrics.k_cap.set(min(cap, 1 << 10))
-        before = []
-        for slot in slots:
-            slot.length.cap = cap
-            m = slot.seq.metrics
-            before.append((m.proposed, m.accepted, m.draft_s, len(slot.seq.ctx.tokens)))
+        lengths = {slot.seq.ctx.seq_id: slot.length for slot in slots}
+
+        def draft_len(seq: Sequence) -> int:
+            return lengths[seq.ctx.seq_id].k(seq.length.k, cap)
+
         began = time.perf_counter()
         try:
             results = list(zip(slots, self.engine.step([s.seq for s in slots],
-                                                       [(slot.seq, tokens) for slot, tokens in prefill])))
+                                                       [(slot.seq, tokens) for slot, tokens in prefill], draft_len)))
             passes = 1
-        except Exception:  # noqa: BLE001 - find the culprit below
-            results, passes = self._isolate(slots, before)
+        except Exception:  # noqa: BLE001 - nothing was committed: find the culprit, each row alone
+            results, passes = self._isolate(slots, draft_len)
             for slot, tokens in prefill:
                 self._prefill_alone(slot, tokens)
             prefill = []
@@ -418,56 +409,44 @@ class Scheduler:
         if self.policy is not None:
             for pooled in self._pooled.values():
                 pooled.decay(self.policy.pooled_memory)
-        for slot, tokens in results:
-            proposed, accepted, draft_s, _ = before[slots.index(slot)]
-            m = slot.seq.metrics
-            memory = self.policy.memory if self.policy else 1.0
-            drafted, kept = m.proposed - proposed, m.accepted - accepted
-            self.metrics.observe_draft(drafted, kept)
-            evidence = (slot.seq.ctx.k, drafted, kept)
-            slot.stats.observe(*evidence, memory=memory)
-            self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
-            if slot.seq.ctx.k > 0:
-                drafted_ms.append((m.draft_s - draft_s) * 1000 / slot.seq.ctx.k)
-            self._deliver(slot, tokens)
+        memory = self.policy.memory if self.policy else 1.0
+        for slot, outcome in results:
+            if outcome.error is None:
+                self.metrics.observe_draft(outcome.depth, outcome.accepted)
+                evidence = (outcome.k, outcome.depth, outcome.accepted)
+                slot.stats.observe(*evidence, memory=memory)
+                self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
+                if outcome.k > 0:
+                    drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
+            self._deliver(slot, outcome)
         if drafted_ms:
             self._draft_ms_per_k = 0.8 * self._draft_ms_per_k + 0.2 * max(drafted_ms)
 
-    def _isolate(self, slots: list[_Slot], before: list[tuple]) -> tuple[list[tuple[_Slot, list[int]]], int]:
-        """A batched step raised: keep what rows committed, retry the others alone, fail the ones that raise."""
+    def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:
+        """A batched step raised before committing anything: step each row alone, fail the ones that raise."""
         results, passes = [], 1
-        for slot, (*_, length) in zip(slots, before):
-            tokens = slot.seq.ctx.tokens
-            if len(tokens) > length:  # committed before the error
-                results.append((slot, tokens[length:]))
-                continue
+        for slot in slots:
             try:
-                (new,) = self.engine.step([slot.seq])
+                (outcome,) = self.engine.step([slot.seq], draft_len=draft_len)
                 passes += 1
-                results.append((slot, new))
+                results.append((slot, outcome))
             except Exception as error:  # noqa: BLE001
                 self._fail(slot, f"generation failed: {type(error).__name__}: {error}")
         return results, passes
 
-    def _deliver(self, slot: _Slot, tokens: list[int]) -> None:
-        seq = slot.seq
-        try:
-            with self.tokenizer_lock:
-                text, stopped = slot.text.push(tokens, final=seq.finished)
-        except Exception as error:  # noqa: BLE001
-            self._fail(slot, f"detokenisation failed: {error}")
+    def _deliver(self, slot: _Slot, outcome: StepOutcome) -> None:
+        if outcome.error is not None:
+            self._fail(slot, f"generation failed: {type(outcome.error).__name__}: {outcome.error}")
             return
-        if stopped:
-            seq.finish_reason = "stop"
-        now = time.perf_counter()
+        tokens, now = outcome.token_ids, time.perf_counter()
         if tokens and slot.first_token_at is None:
             slot.first_token_at = now
             self.metrics.ttft.observe(now - slot.ticket.arrived)
         self.metrics.generated_tokens.inc(len(tokens))
-        if text or tokens:
-            slot.ticket.post(TextDelta(text, tuple(tokens)))
-        if seq.finished:
-            self._leave(slot, seq.finish_reason or "length")
+        if outcome.text or tokens:
+            slot.ticket.post(TextDelta(outcome.text, tuple(tokens)))
+        if outcome.finish_reason is not None:
+            self._leave(slot, outcome.finish_reason)
 
     def _stats(self, slot: _Slot) -> RequestStats:
         m = slot.seq.metrics

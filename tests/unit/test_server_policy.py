@@ -81,17 +81,16 @@ def test_evidence_decays_back_to_the_prior():
     assert 5 < steps < 60
 
 
-def test_capped_length_applies_the_batch_cap_except_to_seeded_rows():
+def test_draft_length_applies_the_batch_cap_except_to_seeded_rows():
     """The scheduler's per-step cap must reach the rows (else the policy decides nothing); a seeded sampled row
     keeps its own K (its draws depend on K), and a row that does not speculate drafts nothing."""
-    from specdecode.config import SpecConfig
-    from specdecode.server.scheduler import CappedLength
-    from specdecode.speculation import SpeculationLength
+    from specdecode.server.scheduler import DraftLength
 
-    inner = SpeculationLength(SpecConfig(k=6))
-    assert CappedLength(inner, None, True, cap=2).k == 2  # the engine's K, capped
-    assert CappedLength(inner, 4, True, cap=3).k == 3  # the request's K, capped
-    assert CappedLength(inner, 4, True, cap=0).k == 0  # the policy turned speculation off
-    assert CappedLength(inner, 4, True, cap=9).k == 4
-    assert CappedLength(inner, 4, True, cap=2, seeded=True).k == 4
-    assert CappedLength(inner, 4, False, cap=2).k == 0
+    policy_k = 6  # the engine's adaptive K for the row
+    assert DraftLength(None, True).k(policy_k, cap=2) == 2  # the engine's K, capped
+    assert DraftLength(4, True).k(policy_k, cap=3) == 3  # the request's K, capped
+    assert DraftLength(4, True).k(policy_k, cap=0) == 0  # the policy turned speculation off
+    assert DraftLength(4, True).k(policy_k, cap=9) == 4
+    assert DraftLength(4, True, seeded=True).k(policy_k, cap=2) == 4
+    assert DraftLength(4, False).k(policy_k, cap=2) == 0
+    assert DraftLength(None, True).own(policy_k) == 6
