@@ -1,35 +1,61 @@
-"""What one more token of a verify pass costs on this machine, measured on the model itself.
+"""What target passes cost on this machine, measured on the model itself: the one place passes are timed.
 
-A drafter deciding how deep to draft needs this (drafters/row_budget.py); it is a property of the model and
-the machine, so the Target measures it once, when first asked (Target.row_cost)."""
+Three users ask it different questions: a drafter deciding how deep to draft needs the cost of one more row of a
+verify pass (`measure_row_cost`, via Target.row_cost, drafters/row_budget.py); the server's batch policy needs a
+table cost(batch, tokens) (server/policy.calibrate); the benchmark reports the per-pass cost curve
+(bench/passcost.pass_costs). All of them time the same thing (`time_passes`)."""
 from __future__ import annotations
 
+import statistics
 import time
+from typing import Literal, Sequence
 
 import torch
 
 from .trees import build_block
 
+Shape = tuple[int, int]  # (rows, tokens per row)
+
 
 @torch.inference_mode()
+def time_passes(target, shapes: Sequence[Shape], context: int, rounds: int,
+                reduce: Literal["min", "median"] = "min") -> dict[Shape, float]:
+    """Seconds of one target pass of a q-token chain on each of b rows, each row holding `context` cached
+    tokens (random, seeded: attention reads real keys), for every (b, q) in `shapes`. Each round times every
+    shape once, so a burst of load elsewhere hits all shapes alike; the first round only warms up (and compiles).
+    reduce: "min", the least disturbed estimate on a shared machine (for decisions), or "median" (for reports)."""
+    rows = max(b for b, _ in shapes)
+    cache = target.new_cache(rows=rows, capacity=context + max(q for _, q in shapes) + 8)
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, target.vocab_size, (context,), generator=generator).tolist()
+    for row in range(rows):
+        target.forward(cache, [row], build_block([0], [prefix], [list(range(-1, context - 1))], target.pad_id,
+                                                 target.block_device), keep="last")
+    blocks = {(b, q): build_block([context] * b, [prefix[:q]] * b, [list(range(-1, q - 1))] * b, target.pad_id,
+                                  target.block_device) for b, q in shapes}
+    times: dict[Shape, list[float]] = {shape: [] for shape in blocks}
+    for round_ in range(rounds + 1):
+        for (b, q), block in blocks.items():
+            synchronize(target.device)
+            began = time.perf_counter()
+            target.forward(cache, list(range(b)), block)
+            synchronize(target.device)
+            if round_:
+                times[b, q].append(time.perf_counter() - began)
+    pick = min if reduce == "min" else statistics.median
+    return {shape: pick(seconds) for shape, seconds in times.items()}
+
+
 def measure_row_cost(target, width: int = 8, rounds: int = 3) -> float:
     """Cost of one more row of a pass, in one-token passes: 0 off the CPU (a pass is flat there up to tens of
-    tokens); on the CPU (t_width / t_1 - 1) / (width - 1) from passes over a scratch cache of 32 tokens,
-    one-token and `width`-token passes taking turns, fastest of `rounds` after one warm-up round (~0.5 s for
-    SmolLM2; 0.14 on the 2-core dev VM). A CPU whose BLAS handles few rows well gets a lower cost."""
+    tokens); on the CPU (t_width / t_1 - 1) / (width - 1) over a cache of 32 tokens (~0.5 s for SmolLM2; 0.14
+    on the 2-core dev VM). A CPU whose BLAS handles few rows well gets a lower cost."""
     if target.device.type != "cpu":
         return 0.0
-    cache = target.new_cache(rows=1, capacity=64)
-    prefix = [i % target.vocab_size for i in range(1, 33)]
-    target.forward(cache, [0], build_block([0], [prefix], [list(range(-1, 31))], target.pad_id, target.block_device),
-                   keep="last")
-    blocks = {w: build_block([32], [prefix[:w]], [list(range(-1, w - 1))], target.pad_id, target.block_device)
-              for w in (1, width)}
-    best = {w: float("inf") for w in blocks}
-    for round_ in range(rounds + 1):
-        for w, block in blocks.items():
-            began = time.perf_counter()
-            target.forward(cache, [0], block)
-            if round_:
-                best[w] = min(best[w], time.perf_counter() - began)
-    return max(0.0, (best[width] / best[1] - 1) / (width - 1))
+    best = time_passes(target, [(1, 1), (1, width)], context=32, rounds=rounds)
+    return max(0.0, (best[1, width] / best[1, 1] - 1) / (width - 1))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

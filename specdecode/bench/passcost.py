@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..pass_cost import synchronize, time_passes
 from ..target import Target
-from ..trees import build_block
 
 RANDOM_CONFIGS = {
     # SmolLM2-135M (the default model's shape, without its weights), Llama-3.2-1B and Llama-3.1-8B shapes
@@ -48,21 +48,16 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def copy_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 10) -> float:
     """Bytes moved (read + written) per second by a device-to-device copy."""
     src = torch.empty(megabytes << 20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    _sync(device)
+    synchronize(device)
     began = time.perf_counter()
     for _ in range(repeats):
         dst.copy_(src)
-    _sync(device)
+    synchronize(device)
     return 2 * src.numel() * repeats / (time.perf_counter() - began)
 
 
@@ -74,22 +69,6 @@ class PassCost:
 
 def pass_costs(target: Target, qs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 512,
                repeats: int = 20) -> list[PassCost]:
-    """Median time of one forward of q chain tokens after `context` cached tokens."""
-    cache = target.new_cache(rows=1, capacity=context + max(qs) + 8)
-    prefix = list(range(3, 3 + context))
-    prefill = build_block([0], [prefix], [list(range(-1, context - 1))], target.pad_id, target.device)
-    target.forward(cache, [0], prefill, keep="last")
-    results = []
-    for q in qs:
-        block = build_block([context], [[5] * q], [list(range(-1, q - 1))], target.pad_id, target.device)
-        times = []
-        for i in range(repeats + 3):
-            _sync(target.device)
-            began = time.perf_counter()
-            target.forward(cache, [0], block)
-            _sync(target.device)
-            if i >= 3:  # warm-up (and compilation) first
-                times.append((time.perf_counter() - began) * 1e3)
-        times.sort()
-        results.append(PassCost(q, times[len(times) // 2]))
-    return results
+    """Median time of one forward of q chain tokens after `context` cached tokens (pass_cost.time_passes)."""
+    median = time_passes(target, [(1, q) for q in qs], context=context, rounds=repeats, reduce="median")
+    return [PassCost(q, median[1, q] * 1000) for q in qs]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .base import BaseDrafter, Draft, DrafterSpec, SequenceContext
 from .row_budget import DepthPolicy, row_cost_for
 
 

@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
-import torch
-
+from ..pass_cost import time_passes
 from ..target import Target
-from ..trees import build_block
 
 
 @dataclass(frozen=True)
@@ -154,23 +151,8 @@ class AcceptanceStats:
 
 def calibrate(target: Target, batches: Sequence[int] = (1, 2, 4, 8, 16),
               qs: Sequence[int] = (1, 2, 3, 4, 5, 7, 9), context: int = 256, repeats: int = 5) -> CostTable:
-    """Measure cost(b, q): a chain block of q tokens per row over `context` cached tokens. Each round times every
-    cell once (so a burst of load elsewhere hits all cells alike); a cell's cost is its fastest round, the least
-    disturbed estimate on a shared machine. The first round only warms up."""
-    cache = target.new_cache(rows=max(batches), capacity=context + max(qs) + 1)
-    generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, target.vocab_size, (context,), generator=generator).tolist()
-    for row in range(max(batches)):  # fill the cache: attention reads real (not zero) keys
-        block = build_block([0], [prefix], [list(range(-1, context - 1))], target.pad_id, target.device)
-        target.forward(cache, [row], block, keep="last")
-    blocks = {(b, q): build_block([context] * b, [prefix[:q]] * b, [list(range(-1, q - 1))] * b, target.pad_id,
-                                  target.device) for b in batches for q in qs}
-    best = {cell: float("inf") for cell in blocks}
-    for round_ in range(repeats + 1):
-        for (b, q), block in blocks.items():
-            began = time.perf_counter()
-            target.forward(cache, list(range(b)), block)
-            if round_:
-                best[b, q] = min(best[b, q], (time.perf_counter() - began) * 1000)
-    ms = tuple(tuple(round(best[b, q], 1) for q in qs) for b in batches)
+    """Measure cost(b, q): a chain block of q tokens per row over `context` cached tokens, each cell its fastest
+    of `repeats` rounds (pass_cost.time_passes)."""
+    best = time_passes(target, [(b, q) for b in batches for q in qs], context=context, rounds=repeats)
+    ms = tuple(tuple(round(best[b, q] * 1000, 1) for q in qs) for b in batches)
     return CostTable(tuple(batches), tuple(qs), ms)

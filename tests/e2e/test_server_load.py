@@ -9,7 +9,6 @@ import gc
 
 import openai
 import psutil
-import pytest
 
 from specdecode.engine import Sequence
 from specdecode.server.scheduler import Ticket
