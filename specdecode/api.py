@@ -11,7 +11,7 @@ from typing import Iterator
 
 import torch
 
-from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, check_device
+from .config import ConfigError, GenerationConfig, OptionError, SamplingConfig, SpecConfig, check_device
 from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, check_options_read
 from .engine import Engine, Result, Sequence, StepOutcome
 from .fast import FastPathConfig
@@ -36,13 +36,13 @@ class SpecDecoder:
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         model = fspath(model) if model is not None else None  # a pathlib.Path works too
-        given = {"--exit-layer": exit_layer is not None, "--lookahead": lookahead is not None,
-                 "--draft-model": draft_model is not None, "--draft-weights": draft_weights != "auto",
-                 "--confidence": spec.confidence != 0}
+        given = {"exit_layer": exit_layer is not None, "lookahead": lookahead is not None,
+                 "draft_model": draft_model is not None, "draft_weights": draft_weights != "auto",
+                 "confidence": spec.confidence != 0}
         resolved = best_drafter_name(device.partition(":")[0], draft_model is not None) if drafter == AUTO else drafter
         check_options_read(given, [resolved])
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError("--device cuda requested but no CUDA device is available")
+            raise OptionError("{device} cuda requested but no CUDA device is available", "device")
         loaded = load_model(model, device=device, dtype=dtype, weights=weights)
         target = Target(loaded.model, loaded.tokenizer, fast)
         drafter_impl = build_drafter(
@@ -65,7 +65,7 @@ class SpecDecoder:
         if chat or not isinstance(prompt, str):
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             if not getattr(self.tokenizer, "chat_template", None):
-                raise ConfigError("this model has no chat template; drop --chat")
+                raise OptionError("this model has no chat template: {chat} needs one", "chat")
             encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
             return [int(i) for i in ids]

@@ -1,12 +1,26 @@
-"""Small frozen configs, one per concern. The CLI maps flags onto these in one place (cli.py)."""
+"""Small frozen configs, one per concern. The CLI maps flags onto these in one place (cli.py, cli_args.py)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class ConfigError(ValueError):
     """A user-facing configuration error: the CLI prints it as one line and exits 2."""
+
+
+class OptionError(ConfigError):
+    """A wrong or useless option. The message names options as `{name}` fields holding the library's keyword
+    and config field names; `spelled` renders them for a caller that names them otherwise (the command line
+    spells them as flags, cli_args.flag), so the library never speaks of flags."""
+
+    def __init__(self, template: str, *options: str):
+        self.template, self.options = template, options
+        super().__init__(self.spelled(lambda name: name))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        return self.template.format_map({name: spell(name) for name in self.options})
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts

@@ -76,15 +76,15 @@ def quantize_linears(model: nn.Module) -> bool:
 def wants_int8(choice: str, device: torch.device) -> bool:
     """Whether a draft model on `device` gets int8 weights: "auto" = on the CPU when torch can (measured faster
     there, see the docstring), "int8" = must (a clear error where it cannot), "same" = the target's dtype."""
-    from .config import ConfigError
+    from .config import OptionError
 
     if choice not in CHOICES:
-        raise ConfigError(f"--draft-weights must be one of {', '.join(CHOICES)}, got {choice!r}")
+        raise OptionError(f"{{draft_weights}} must be one of {', '.join(CHOICES)}, got {choice!r}", "draft_weights")
     if choice == "same":
         return False
     missing = kernel_missing(device)
     if choice == "int8" and missing:
-        raise ConfigError(f"--draft-weights int8 needs the int8-weight CPU kernel ({missing})")
+        raise OptionError(f"{{draft_weights}} int8 needs the int8-weight CPU kernel ({missing})", "draft_weights")
     return missing is None
 
 

@@ -109,7 +109,7 @@ def to_markdown(report: FastPathReport) -> str:
 
 
 def register(subparsers, name: str = "bench-fastpath"):
-    from ..cli import device_arg
+    from ..cli_args import device_arg
 
     parser = subparsers.add_parser(name, help="fast path vs eager: tokens/s as a fraction of the bandwidth floor, "
                                              "and the per-pass cost curve (default model or a random Llama shape)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..config import ConfigError, SpecConfig
+from ..config import ConfigError, OptionError, SpecConfig
 from .base import Draft, Drafter, DrafterConfig, DrafterSpec, SequenceContext
 from . import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup
 
@@ -26,19 +26,20 @@ def get_spec(name: str) -> DrafterSpec:
 
 AUTO = "auto"
 
-# drafter options (as CLI flags) -> the drafters that read them; given for another drafter, one would be ignored
-OPTION_READERS = {"--exit-layer": ("layer-skip",), "--lookahead": ("lookahead",),
-                  "--draft-model": ("draft-model", "eagle", "medusa"), "--draft-weights": ("draft-model",),
-                  "--confidence": ("layer-skip", "draft-model")}
+# drafter options (DrafterConfig / SpecConfig field names) -> the drafters that read them; given for another
+# drafter, one would be ignored
+OPTION_READERS = {"exit_layer": ("layer-skip",), "lookahead": ("lookahead",),
+                  "draft_model": ("draft-model", "eagle", "medusa"), "draft_weights": ("draft-model",),
+                  "confidence": ("layer-skip", "draft-model")}
 
 
 def check_options_read(given: dict[str, bool], drafters: list[str], shown: str | None = None) -> None:
-    """Refuse an option (given[flag] True) that none of `drafters` (names, `auto` resolved) reads: it would be
+    """Refuse an option (given[name] True) that none of `drafters` (names, `auto` resolved) reads: it would be
     silently ignored. shown: how the drafters are named in the message (default: the names)."""
-    for flag, readers in OPTION_READERS.items():
-        if given.get(flag) and not set(readers) & set(drafters):
-            raise ConfigError(f"{flag} has no effect with --drafter {shown or ', '.join(drafters)}; "
-                              f"it is read by --drafter {' or '.join(readers)}")
+    for option, readers in OPTION_READERS.items():
+        if given.get(option) and not set(readers) & set(drafters):
+            raise OptionError(f"{{{option}}} has no effect with {{drafter}} {shown or ', '.join(drafters)}; "
+                              f"it is read by {{drafter}} {' or '.join(readers)}", option, "drafter")
 
 
 def build_drafter(target, config: DrafterConfig, spec: SpecConfig | None = None) -> Drafter:

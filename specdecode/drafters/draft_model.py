@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from ..config import ConfigError, SpecConfig
+from ..config import ConfigError, OptionError, SpecConfig
 from ..int8_draft import wants_int8
 from ..models import load_model
 from ..target import Target
@@ -75,7 +75,8 @@ class DraftModel(RowStateDrafter):
 
 def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftModel:
     if not config.draft_model:
-        raise ConfigError("--drafter draft-model needs --draft-model PATH")
+        raise OptionError("{drafter} draft-model needs {draft_model} (a path, packaged name or hub id)", "drafter",
+                          "draft_model")
     int8 = wants_int8(config.draft_weights, target.device)
     loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype,
                         weights="int8" if int8 else "same")

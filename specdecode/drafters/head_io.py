@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from ..config import ConfigError, OptionError
 from .nets import EagleNet, EagleNetConfig, MedusaHeads, MedusaNetConfig
 
 FORMAT = 1
@@ -97,9 +97,9 @@ def resolve_head(kind: str, target_model: nn.Module, directory: str | None, devi
     if directory is None:
         found = find_shipped_head(kind, target_model)
         if found is None:
-            raise ConfigError(
+            raise OptionError(
                 f"no trained {kind} head ships for this model; train one with `specdecode train --kind {kind} "
-                f"--model M --out DIR` and pass --draft-model DIR")
+                f"--model M --out DIR` and pass its directory as {{draft_model}}", "draft_model")
         directory = str(found)
     net, config = load_head(directory, kind, device=device, dtype=dtype)
     if not same_target(config.get("target", {}), fingerprint(target_model)):

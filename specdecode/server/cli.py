@@ -13,7 +13,7 @@ MAX_HEADER_BYTES = 16 << 10  # h11 buffers at most this much of an unfinished re
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
-    from ..cli import add_model_args
+    from ..cli_args import add_model_args
 
     # prompt lookup: it drafts for a whole batch at once and the K policy's cost table was measured with it
     add_model_args(parser, "prompt-lookup")
@@ -72,7 +72,7 @@ def check_limits(args: argparse.Namespace) -> None:
 def build_service(args: argparse.Namespace, api_key: str | None = None):
     """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started).
     With an api_key, /v1/* needs `Authorization: Bearer <api_key>`."""
-    from ..cli import check_drafter_flags, default_dtype, fast_config, spec_config
+    from ..cli_args import check_drafter_flags, default_dtype, fast_config, spec_config
     from ..drafters import AUTO, best_drafter_name, build_drafter, registry
     from ..models import load_model
     from ..target import Target

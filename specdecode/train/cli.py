@@ -12,7 +12,7 @@ import math
 import time
 from pathlib import Path
 
-from ..cli import device_arg
+from ..cli_args import device_arg
 from ..config import ConfigError
 
 

@@ -18,11 +18,11 @@ def decoder(tiny_model_dir) -> SpecDecoder:
 
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(drafter=None), "drafter must be a name"),
-    (dict(drafter="prompt-lookup", exit_layer=2), "--exit-layer has no effect with --drafter prompt-lookup"),
-    (dict(drafter="prompt-lookup", draft_model="x"), "--draft-model has no effect"),
-    (dict(drafter="prompt-lookup", lookahead=(1, 4, 1)), "--lookahead has no effect"),
-    (dict(drafter="prompt-lookup", draft_weights="int8"), "--draft-weights has no effect"),
-    (dict(drafter="auto", spec=SpecConfig(confidence=0.5)), "--confidence has no effect"),
+    (dict(drafter="prompt-lookup", exit_layer=2), "exit_layer has no effect with drafter prompt-lookup"),
+    (dict(drafter="prompt-lookup", draft_model="x"), "draft_model has no effect"),
+    (dict(drafter="prompt-lookup", lookahead=(1, 4, 1)), "lookahead has no effect"),
+    (dict(drafter="prompt-lookup", draft_weights="int8"), "draft_weights has no effect"),
+    (dict(drafter="auto", spec=SpecConfig(confidence=0.5)), "confidence has no effect"),
     (dict(drafter="layer-skip", exit_layer="2"), "exit_layer must be an integer"),
     (dict(drafter="lookahead", lookahead=(1, 4)), "lookahead must be three integers"),
     (dict(drafter="none", device="foo"), "expected cpu, cuda or cuda:N"),
@@ -35,6 +35,7 @@ def test_load_refuses_bad_arguments(tiny_model_dir, kwargs, needle):
     with pytest.raises(ConfigError) as error:
         SpecDecoder.load(tiny_model_dir, **kwargs)
     assert needle in str(error.value)
+    assert "--" not in str(error.value)  # the library names its own arguments, never the command line's flags
 
 
 def test_load_refuses_a_model_that_is_not_a_path():

@@ -1,0 +1,109 @@
+"""Command-line arguments shared by the subcommands (generate, bench, serve, train), and how the command line
+spells the library's option names (`flag`). A module of its own so that the subcommands' modules and cli.py
+import it, not each other."""
+from __future__ import annotations
+
+import argparse
+
+from .config import ConfigError, OptionError, SpecConfig, check_device
+from .drafters.lookahead import LookaheadConfig
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse prints usage too)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def flag(option: str) -> str:
+    """The command-line flag of a library option name (exit_layer -> --exit-layer)."""
+    return "--" + option.replace("_", "-")
+
+
+def usage_error(error: Exception) -> str:
+    """A library error as the command line says it: option names as flags."""
+    return error.spelled(flag) if isinstance(error, OptionError) else str(error)
+
+
+def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
+    from .drafters import AUTO, registry
+    from .int8_draft import CHOICES
+    from .models import WEIGHTS
+
+    parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
+                             "dir, .gguf file or hub id (default: smollm2-135m-instruct)")
+    parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
+                        help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
+                             "measured one for the device, drafters.BEST_DRAFTER)")
+    parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
+    parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
+                        help="draft-model: int8 weights (auto: on the CPU, where measured faster) or the target's dtype")
+    parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
+    parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
+                        help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
+    parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
+    parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
+    parser.add_argument("--max-k", type=int, default=None, help="upper bound for adaptive K (default: max(12, --k))")
+    parser.add_argument("--confidence", type=float, default=0.0, help="stop drafting below this draft probability")
+    parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
+    parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA, float32 on "
+                        "the CPU)")
+    parser.add_argument("--weights", default="auto", choices=WEIGHTS,
+                        help="the target's linear weights: int8 (weight-only, CPU), same (in --dtype) or auto (the "
+                             "model's own on the device: int8 for the Qwen pair on the CPU, else same)")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
+
+
+def _lookahead_triple(text: str) -> tuple[int, int, int]:
+    try:
+        window, ngram, candidates = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three integers W,N,G (e.g. 1,4,1), got {text!r}") from None
+    try:  # checked here, before the model loads (a first load prints conversion progress)
+        LookaheadConfig(window, ngram, candidates)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return window, ngram, candidates
+
+
+def device_arg(text: str) -> str:
+    """argparse type for --device (config.check_device)."""
+    try:
+        return check_device(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: str | None = None) -> None:
+    """The drafter flags given on the command line, each checked against the drafters that read it."""
+    from .drafters import check_options_read
+
+    given = {"exit_layer": args.exit_layer is not None, "lookahead": args.lookahead is not None,
+             "draft_model": args.draft_model is not None, "draft_weights": args.draft_weights != "auto",
+             "confidence": args.confidence != 0}
+    check_options_read(given, drafters, shown)
+
+
+def spec_config(args: argparse.Namespace) -> SpecConfig:
+    if args.max_k is not None and not args.adaptive:
+        raise ConfigError("--max-k has no effect without --adaptive")
+    if args.max_k is not None and args.max_k < args.k:
+        raise ConfigError(f"--max-k ({args.max_k}) must be >= --k ({args.k})")
+    max_k = args.max_k if args.max_k is not None else max(12, args.k)
+    return SpecConfig(k=args.k, adaptive=args.adaptive, max_k=max_k, confidence=args.confidence)
+
+
+def fast_config(args: argparse.Namespace):
+    from .fast import FastPathConfig
+
+    enabled = args.compile if args.compile is not None else str(args.device).startswith("cuda")
+    return FastPathConfig(enabled=enabled)
+
+
+def default_dtype(args: argparse.Namespace) -> str:
+    """--dtype, else the model's own default on the device (bf16 on CUDA; packaged models choose on the CPU)."""
+    from .models import model_dtype
+
+    return args.dtype or model_dtype(args.model, str(args.device))
