@@ -6,11 +6,17 @@ pass (two extra kernels a layer; at the 8B shape ~0.5 GB of extra traffic a pass
 share a key/value head are folded into the query-length dimension instead, so attention reads each cached
 head once: query [b, H, q, d] -> [b, kv_heads, groups * q, d], the mask repeated per group (it is small).
 Registered in transformers' AttentionInterface under NAME; `Target` switches a model to it only for its own
-fast-path passes (`using_grouped_attention`), so transformers' `generate` on the same model is untouched."""
+fast-path passes (`using_grouped_attention`), so transformers' `generate` on the same model is untouched.
+
+Per-row attention (ROWS_NAME) is for batches over the dynamic cache, whose rows hold contexts of different
+lengths: padding every row to the longest one (a 2,000-token prompt being prefilled next to a 50-token chat)
+copies every row's keys into a padded tensor per layer and makes each row attend over the longest context.
+Instead the cache writes each row in place and hands attention the rows' own buffers, and attention runs once
+per row over that row's length (transformers' SDPA function, so the arithmetic is the padded path's)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -39,16 +45,44 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
 
 AttentionInterface.register(NAME, grouped_sdpa_forward)
 
+ROWS_NAME = "specdecode_row_sdpa"
+RowKV = list[tuple[torch.Tensor, torch.Tensor, int]]  # per batch row: its keys, values [kv_heads, S, d], length
+
+
+def row_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, specdecode_rows: Callable[[int], RowKV] | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    # query: [b, H, q, d]; key, value: this pass's new keys only (the cache did not gather the rows); the rows'
+    # buffers come from specdecode_rows(layer index); attention_mask: [b, 1, q, S]
+    if specdecode_rows is None:
+        raise RuntimeError("per-row attention needs the cache's rows (specdecode_rows)")
+    outputs = []
+    for i, (keys, values, length) in enumerate(specdecode_rows(module.layer_idx)):
+        mask = None if attention_mask is None else attention_mask[i : i + 1, ..., :length]
+        out, _ = sdpa_attention_forward(module, query[i : i + 1], keys[None, :, :length], values[None, :, :length],
+                                        mask, **kwargs)  # [1, q, H, d]
+        outputs.append(out)
+    return torch.cat(outputs), None  # [b, q, H, d]
+
+
+AttentionInterface.register(ROWS_NAME, row_sdpa_forward)
+
 
 @contextlib.contextmanager
-def using_grouped_attention(config, enabled: bool = True) -> Iterator[None]:
-    """Route the model's attention through grouped_sdpa_forward for the duration; always restores."""
+def using_grouped_attention(config, enabled: bool = True, name: str = NAME) -> Iterator[None]:
+    """Route the model's attention through grouped_sdpa_forward (or another of ours, `name`) for the duration;
+    always restores."""
     previous = getattr(config, "_attn_implementation", None)
-    if not enabled or previous not in ("sdpa", NAME):  # eager / flash / flex models keep their own kernels
+    if not enabled or previous not in ("sdpa", NAME, ROWS_NAME):  # eager / flash / flex models keep their kernels
         yield
         return
-    config._attn_implementation = NAME
+    config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = previous
+
+
+def per_row_attention_applies(config) -> bool:
+    """Whether a model's attention can be switched to row_sdpa_forward (it is SDPA's, or already ours)."""
+    return getattr(config, "_attn_implementation", None) in ("sdpa", NAME, ROWS_NAME)

@@ -104,6 +104,7 @@ class _RowLayer(_OwnedLayer):
     def __init__(self, owner: "RollbackCache"):
         super().__init__(owner)
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.written: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per batch row, last pass: keys, values, length
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True  # buffers are per row, made at a row's first write
@@ -122,6 +123,9 @@ class _RowLayer(_OwnedLayer):
             keys[:, where] = key_states[b]
             values[:, where] = value_states[b]
             written.append((keys, values, min(end, kv_len)))  # slots past `end` are stale: masked out
+        if owner.per_row:  # attention reads each row's buffers itself (attention.row_sdpa_forward)
+            self.written = written
+            return key_states, value_states
         if len(rows) == 1:
             keys, values, _ = written[0]
             return keys[None, :, :kv_len], values[None, :, :kv_len]
@@ -175,6 +179,7 @@ class RollbackCache(Cache):
         self._rows: slice | torch.Tensor = slice(0, rows)
         self._row_list: list[int] = list(range(rows))
         self._slots: int | torch.Tensor = 0
+        self.per_row = False  # dynamic, this pass: attention reads rows in place (`rows_written`), no padded copy
         self.graphs = StepGraphs()  # fast path on CUDA: captured steps that write these buffers
         layer = _SlotLayer if static else _RowLayer
         super().__init__(layers=[layer(self) for _ in range(num_layers)])
@@ -225,10 +230,15 @@ class RollbackCache(Cache):
                 layer.release(row)
 
     # -- one forward ----------------------------------------------------------------------------------------
-    def prepare(self, rows: list[int], slots: int | torch.Tensor, kv_len: int) -> None:
+    def prepare(self, rows: list[int], slots: int | torch.Tensor, kv_len: int, per_row: bool = False) -> None:
         """Say where the next forward writes. rows: cache rows of the batch (in batch order);
         slots: first slot if every row writes the same contiguous block, else a [b, q] tensor of slots;
-        kv_len: how many slots attention reads (the mask's last dimension)."""
+        kv_len: how many slots attention reads (the mask's last dimension); per_row (dynamic only): the model's
+        attention reads each row's own buffers over its own length (`rows_written`), so update returns no
+        padded gather."""
+        if per_row and self.static:
+            raise ValueError("per-row attention reads the dynamic cache's rows; a static cache is read whole")
+        self.per_row = per_row
         if self.static:
             if kv_len > self.capacity:
                 raise ValueError(f"KV cache overflow: need {kv_len} slots, have {self.capacity}")
@@ -284,6 +294,11 @@ class RollbackCache(Cache):
     @staticmethod
     def _has_row(layer, row: int) -> bool:
         return layer.is_initialized if isinstance(layer, _SlotLayer) else row in layer.buffers
+
+    def rows_written(self, layer_idx: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """Per-row attention's view of a layer after this pass's write: per batch row, its keys and values
+        [kv_heads, S, head_dim] and how many slots attention reads."""
+        return self.layers[layer_idx].written
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_len

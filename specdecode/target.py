@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from .attention import using_grouped_attention
+from .attention import ROWS_NAME, per_row_attention_applies, using_grouped_attention
 from .cpu_gemm import SkinnyLinears, helps
 from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
@@ -49,6 +49,14 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     return inner
 
 
+def _layers_know_their_index(model: torch.nn.Module) -> bool:
+    try:
+        layers = _decoder(model).layers
+    except ValueError:
+        return False
+    return all(hasattr(getattr(layer, "self_attn", None), "layer_idx") for layer in layers)
+
+
 class Target:
     """The model being decoded (also used by drafters that run a model: draft-model, layer-skip).
 
@@ -78,6 +86,9 @@ class Target:
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(config, "pad_token_id", None)
         self.pad_id: int = pad if isinstance(pad, int) else (min(self.eos_ids) if self.eos_ids else 0)
+        # batches over the dynamic cache attend row by row (attention.row_sdpa_forward) where the model's attention
+        # is SDPA and its layers know their index
+        self._per_row_attention = per_row_attention_applies(config) and _layers_know_their_index(model)
         use_skinny = helps(model) if skinny_gemm is None else skinny_gemm
         self._skinny = SkinnyLinears(model) if use_skinny and self.device.type == "cpu" else None
 
@@ -147,15 +158,19 @@ class Target:
     def _call(self, fn, cache: RollbackCache, rows: list[int], inputs: dict, kv_len: int, keep: str, hidden: bool,
               num_layers: int | None) -> tuple[torch.Tensor, ...]:
         """One model call on `inputs` (a dict, so a captured graph can replay it on its own static copies)."""
-        cache.prepare(rows, inputs["slots"], kv_len)
+        per_row = not cache.static and len(rows) > 1 and self._per_row_attention
+        cache.prepare(rows, inputs["slots"], kv_len, per_row=per_row)
         masks = inputs.get("mask")
         if masks is None:
             masks = {name.split(":", 1)[1]: value for name, value in inputs.items() if name.startswith("mask:")}
         eager = fn is self.model
         attention = eager_attention(self.device) if eager else sdpa_kernels(self.device, self.fast.attention_kernels)
         linears = self._skinny if self._skinny is not None else contextlib.nullcontext()  # compiled too: traced in
-        grouped = using_grouped_attention(self.config, cache.static and self.fast.grouped_attention)
-        with self._truncated(num_layers), attention, linears, grouped:
+        if per_row:  # rows of different lengths: each attends over its own (attention.row_sdpa_forward)
+            routed, extra = using_grouped_attention(self.config, name=ROWS_NAME), {"specdecode_rows": cache.rows_written}
+        else:
+            routed, extra = using_grouped_attention(self.config, cache.static and self.fast.grouped_attention), {}
+        with self._truncated(num_layers), attention, linears, routed:
             out = fn(
                 input_ids=inputs["input_ids"],
                 position_ids=inputs["positions"],
@@ -164,6 +179,7 @@ class Target:
                 use_cache=True,
                 logits_to_keep=1 if keep == "last" else 0,
                 output_hidden_states=hidden,
+                **extra,
             )
         return (out.logits, out.hidden_states[-1]) if hidden else (out.logits,)
 
