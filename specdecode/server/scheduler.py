@@ -12,9 +12,10 @@ chunks ride in the step's target pass as more rows (`Engine.step(..., prefill=)`
 add about a whole step of fixed cost on a small model or a CPU. While rows decode, the tokens a step carries
 adapt (`_adapt_chunk`) so that the time they add is `prefill_share` of a plain step; with nothing decoding, a
 round carries `prefill_chunk` tokens. On the fixed-shape fast path (whose captured steps must keep their
-shapes) each chunk is a pass of its own. Limit: rows are padded to the batch's longest context, so while a long
-prompt loads, every row's attention spans its context too; where attention dominates a step (tiny models, long
-prompts) even the smallest chunk adds more than the share.
+shapes) each chunk is a pass of its own. Each row attends over its own context (attention.row_sdpa_forward), so
+a loading prompt's length does not reach the other rows' attention; rows are still padded to the step's widest
+row in tokens (a chunk of c tokens makes every row's linear layers c tokens wide), which the adaptive chunk
+size keeps small.
 
 KV memory: a request reserves its KV (prompt + max new tokens, Engine.kv_bytes) from `kv_cache_bytes` when it
 is submitted, and gives it back when it leaves. One that can never fit is refused (TooLarge: 413), one that
