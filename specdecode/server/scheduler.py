@@ -9,9 +9,14 @@ acceptance). New text goes back to the request's asyncio queue on the HTTP event
 Chunked prefill: prompts are prefilled a chunk per round, so running streams keep decoding while a long one
 loads, and a cancelled request stops at the next chunk; the prompts with the fewest tokens left go first. The
 chunks ride in the step's target pass as more rows (`Engine.step(..., prefill=)`): a pass of their own would
-add about a whole step of fixed cost on a small model or a CPU. While rows decode, the tokens a step carries
-adapt (`_adapt_chunk`) so that the time they add is `prefill_share` of a plain step; with nothing decoding, a
-round carries `prefill_chunk` tokens. On the fixed-shape fast path (whose captured steps must keep their
+add about a whole step of fixed cost on a small model or a CPU. With nothing decoding, a round carries
+`prefill_chunk` tokens. While rows decode, prefill gets `prefill_share` of the decoding time, in bursts: a step
+carries a chunk sized so that it adds about `prefill_burst` plain steps (`_adapt_chunk`, from the measured cost
+per token), and then plain steps follow until the time they took, times the share, has paid for it (a credit,
+`_credit`). Measured on the 2-core CPU, a batch step's cost jumps by about a whole step as soon as it carries a
+second row of even one token (GEMV becomes GEMM) and then grows slowly with tokens, so many small chunks (one per
+step) slow every token of the running streams and prefill slowest of all; few larger ones leave most gaps alone
+and prefill several times faster. A stream then runs at about 1 / (1 + share) of its idle speed. On the fixed-shape fast path (whose captured steps must keep their
 shapes) each chunk is a pass of its own. Each row attends over its own context (attention.row_sdpa_forward), so
 a loading prompt's length does not reach the other rows' attention; rows are still padded to the step's widest
 row in tokens (a chunk of c tokens makes every row's linear layers c tokens wide), which the adaptive chunk
@@ -54,18 +59,19 @@ class SchedulerConfig:
     max_queue: int = 64  # requests waiting while every row is busy; one more is answered 429
     kv_cache_bytes: int | None = None  # KV memory that admitted requests may reserve (None: unbounded)
     prefill_chunk: int = 256  # most prompt tokens prefilled per round
-    prefill_share: float = 0.5  # while rows decode, a step carrying a chunk may take (1 + this) plain steps
+    prefill_share: float = 0.5  # while rows decode, prefill's time as a share of decoding time
+    prefill_burst: float = 6.0  # while rows decode, a step carrying a chunk adds about this many plain steps
     stall_s: float = 30.0  # a round (chunk + step) longer than this, with work pending, is a stall
 
     def __post_init__(self) -> None:
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
-        if self.prefill_chunk < 1 or not 0 < self.prefill_share or self.stall_s <= 0:
-            raise ValueError("prefill_chunk must be >= 1, prefill_share and stall_s > 0")
+        if self.prefill_chunk < 1 or not 0 < self.prefill_share or self.prefill_burst <= 0 or self.stall_s <= 0:
+            raise ValueError("prefill_chunk must be >= 1; prefill_share, prefill_burst and stall_s > 0")
 
 
 MIN_CHUNK = 4  # the fewest prompt tokens a step carries while rows decode
-FIRST_CHUNK = 64  # ... and how many before any step has been timed
+FIRST_CHUNK = 64  # ... and how many before a step carrying one has been timed
 
 
 @dataclass(frozen=True)
@@ -199,6 +205,7 @@ class Scheduler:
         self._draft_ms_per_k = 0.0
         self._step_s: float | None = None  # time of a step that carries no prefill chunk (decaying mean)
         self._chunk = FIRST_CHUNK  # prompt tokens a step carries while rows decode, all rows (see _adapt_chunk)
+        self._credit = 0.0  # seconds of prefill that decoding time has paid for; a chunk rides when it is >= 0
         self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
         self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)
         self.last_k_cap = 0
@@ -297,8 +304,10 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         decoding = [slot for slot in self._active if slot.seq.ready]
-        budget = self._chunk if decoding else self.config.prefill_chunk
-        prefill = self._chunks(budget)
+        if not decoding:
+            prefill = self._chunks(self.config.prefill_chunk)
+        else:
+            prefill = self._chunks(self._chunk) if self._credit >= 0 else []
         if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
             for slot, _ in prefill:
                 self._prefill_alone(slot, self.config.prefill_chunk)
@@ -359,14 +368,25 @@ class Scheduler:
         except Exception as error:  # noqa: BLE001 - one request's failure must not stop the server
             self._fail(slot, f"could not start generation: {type(error).__name__}: {error}")
 
-    def _adapt_chunk(self, seconds: float) -> None:
-        """After a step that carried chunks: scale the tokens a step carries so that the time they added (over a
-        plain step) is `prefill_share` of a plain step, at most doubling, within [MIN_CHUNK, prefill_chunk]."""
+    def _adapt_chunk(self, seconds: float, tokens: int) -> None:
+        """After a step that carried `tokens` prompt tokens next to decoding rows: charge the time they added
+        (over a plain step) to the credit, and size the next chunk so that it adds about `prefill_burst` plain
+        steps, at most doubling, within [MIN_CHUNK, prefill_chunk]."""
         if self._step_s is None:
             return
-        added, target = seconds - self._step_s, self.config.prefill_share * self._step_s
-        grown = self._chunk * 2 if added <= 0 else min(self._chunk * 2, int(self._chunk * target / added))
+        added, target = seconds - self._step_s, self.config.prefill_burst * self._step_s
+        self._credit -= max(0.0, added)
+        per_token = added / max(1, tokens)
+        grown = self._chunk * 2 if per_token <= 0 else min(self._chunk * 2, int(target / per_token))
         self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, grown))
+
+    def _earn(self, seconds: float) -> None:
+        """A plain step while prompts wait: its time, times the share, pays for prefill; nothing is saved up
+        while no prompt waits (a prompt that arrives later gets its first chunk at once, then its share)."""
+        if any(slot.seq.prefilling for slot in self._active):
+            self._credit = min(0.0, self._credit + self.config.prefill_share * seconds)
+        else:
+            self._credit = 0.0
 
     def _choose_cap(self, slots: list[_Slot]) -> int:
         if self.policy is None:
@@ -400,8 +420,9 @@ class Scheduler:
         elapsed = time.perf_counter() - began
         if not prefill:
             self._step_s = _decayed(self._step_s, elapsed)
+            self._earn(elapsed)
         else:
-            self._adapt_chunk(elapsed)
+            self._adapt_chunk(elapsed, sum(tokens for _, tokens in prefill))
         self.metrics.step_seconds.observe(elapsed)
         self.metrics.batch_size.observe(len(slots))
         self.metrics.target_passes.inc(passes)
