@@ -42,6 +42,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
                         help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
+    parser.add_argument("--suffix-store", type=_positive_tokens, default=None, metavar="TOKENS",
+                        help="suffix: cap of the store of earlier requests, in tokens (default 65536; oldest evicted)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
     parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
     parser.add_argument("--max-k", type=int, default=None, help="upper bound for adaptive K (default: max(12, --k))")
@@ -68,6 +70,16 @@ def _lookahead_triple(text: str) -> tuple[int, int, int]:
     return window, ngram, candidates
 
 
+def _positive_tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, got {text!r}")
+    return value
+
+
 def device_arg(text: str) -> str:
     """argparse type for --device (config.check_device)."""
     try:
@@ -82,7 +94,7 @@ def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: st
 
     given = {"exit_layer": args.exit_layer is not None, "lookahead": args.lookahead is not None,
              "draft_model": args.draft_model is not None, "draft_weights": args.draft_weights != "auto",
-             "confidence": args.confidence != 0}
+             "confidence": args.confidence != 0, "suffix_store": args.suffix_store is not None}
     check_options_read(given, drafters, shown)
 
 

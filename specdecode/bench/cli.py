@@ -21,6 +21,9 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--prompts", default=None, help="Spec-Bench question JSONL (default: the built-in set)")
     parser.add_argument("--out", default="out/bench", help="output directory (default: out/bench)")
     parser.add_argument("--limit", type=int, default=None, help="prompts per category")
+    parser.add_argument("--category", default=None, metavar="NAMES",
+                        help="comma list of categories to run (default: all; the built-in opt-in category "
+                             "'agentic', multi-turn requests that repeat earlier answers, runs only when named)")
     parser.add_argument("--methods", default=None, help="comma list of methods (the baseline always runs)")
     parser.add_argument("--model", default=None,
                         help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
@@ -39,6 +42,8 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
                              "or the target's dtype (hf-assisted always uses the draft as loaded)")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="layer-skip / hf-early-exit exit layer (default: a third of the layers)")
+    parser.add_argument("--suffix-store", type=int, default=None, metavar="TOKENS",
+                        help="specdecode-suffix: the store's cap in tokens (default 65536), one store per run")
     parser.add_argument("--hf-draft-tokens", type=int, default=None,
                         help="draft length of the transformers peers (default: --k; 10 for prompt lookup)")
     parser.add_argument("--hf-assistant-schedule", default=None, choices=SCHEDULES,
@@ -59,13 +64,19 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
-        out=args.out, prompts=args.prompts, limit=args.limit, methods=args.methods, model=args.model,
-        draft_model=args.draft_model, device=args.device, dtype=args.dtype, weights=args.weights, max_new_tokens=args.max_new_tokens,
+        out=args.out, prompts=args.prompts, limit=args.limit, categories=_names(args.category), methods=args.methods,
+        model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype, weights=args.weights,
+        max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, k=args.k, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
         hf_draft_tokens=args.hf_draft_tokens, hf_assistant_schedule=args.hf_assistant_schedule,
+        suffix_store=args.suffix_store,
         heads=tuple(args.head), seed=args.seed, threads=args.threads,
         warmup=not args.no_warmup, progress=not args.no_progress, compile=args.compile,
     )
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

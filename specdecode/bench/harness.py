@@ -31,6 +31,7 @@ class BenchConfig:
     out: str
     prompts: str | None = None  # None: the built-in set
     limit: int | None = None  # prompts per category
+    categories: tuple[str, ...] | None = None  # only these (None: all; built-in opt-in ones such as agentic: named)
     methods: str | None = None  # comma list; None: all
     model: str | None = None
     draft_model: str | None = None
@@ -48,6 +49,7 @@ class BenchConfig:
     threads: int | None = None  # torch intra-op CPU threads; None: torch's default
     compile: bool | None = None  # specdecode methods on the fast path; None: on for cuda, off on cpu
     draft_weights: str = "auto"  # specdecode-draft-model, hf-assisted-same-draft: int8 draft on the CPU (auto)
+    suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens
     warmup: bool = True
     progress: bool = True
 
@@ -58,13 +60,17 @@ class BenchConfig:
 
 def validate(config: BenchConfig) -> tuple[list, list[str]]:
     """Everything checkable without a model; raises ConfigError (CLI exit 2) before any run starts."""
-    questions = select(load_prompts(config.prompts), config.limit)
+    if config.categories is not None and not config.categories:
+        raise ConfigError("--category names no category")
+    questions = select(load_prompts(config.prompts, config.categories), config.limit)
     names = methods_mod.choose(config.methods, has_draft=config.draft_model is not None)
     GenerationConfig(max_new_tokens=config.max_new_tokens)
     SamplingConfig(temperature=config.temperature)
     methods_mod.parse_heads(list(config.heads))
     if config.k <= 0 or (config.hf_draft_tokens is not None and config.hf_draft_tokens <= 0):
         raise ConfigError("--k and --hf-draft-tokens must be positive integers")
+    if config.suffix_store is not None and config.suffix_store <= 0:
+        raise ConfigError(f"--suffix-store must be a positive number of tokens, got {config.suffix_store}")
     if config.hf_assistant_schedule not in (None, *methods_mod.SCHEDULES):
         raise ConfigError(f"--hf-assistant-schedule must be one of {', '.join(methods_mod.SCHEDULES)}, "
                           f"got {config.hf_assistant_schedule!r}")
@@ -99,6 +105,7 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
         "--hf-assistant-schedule": (config.hf_assistant_schedule is not None, assisted),
         "--draft-weights": (config.draft_weights != "auto", {ours + "draft-model", same}),
         "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model"}),
+        "--suffix-store": (config.suffix_store is not None, {ours + "suffix"}),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
     for flag, (given, readers) in used.items():
@@ -125,7 +132,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
     heads = methods_mod.parse_heads(list(config.heads))
     compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
     options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights,
-                          config.hf_assistant_schedule or "heuristic")
+                          config.hf_assistant_schedule or "heuristic", config.suffix_store)
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
     for name, reason in skipped.items():

@@ -26,6 +26,7 @@ import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import DrafterConfig, build_drafter, registry
+from ..drafters.suffix import Suffix
 from ..engine import Engine
 from ..fast import FastPathConfig
 from ..int8_draft import quantize_linears, wants_int8
@@ -70,6 +71,8 @@ class Method:
     kind: str  # "baseline" | "transformers" | "specdecode"
     run: Callable[[list[int], RunSettings], Generation]
     params: dict[str, Any] = field(default_factory=dict)  # recorded in results.json
+    # forget what earlier runs taught it (the suffix drafter's store), called after the untimed warm-up
+    reset: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class PeerOptions:
     # specdecode-draft-model and hf-assisted-same-draft: int8 draft on the CPU (int8_draft.py); hf-assisted: as loaded
     draft_weights: str = "auto"
     assistant_schedule: str = "heuristic"  # num_assistant_tokens_schedule of the assisted peers (SCHEDULES)
+    suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens (None: its default)
 
     @property
     def prompt_lookup_num_tokens(self) -> int:
@@ -198,7 +202,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             heads = dict(options.heads)
             draft = heads.get(drafter) or (bench.draft_spec if registry()[drafter].needs_draft_model else None)
             config = DrafterConfig(name=drafter, draft_model=draft, exit_layer=exit_layer,
-                                   draft_weights=options.draft_weights)
+                                   draft_weights=options.draft_weights, suffix_store=options.suffix_store)
             spec = SpecConfig(k=options.k)
             try:
                 engine = Engine(target, build_drafter(target, config, spec), spec, max_batch=1)
@@ -215,7 +219,10 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
                       **({"draft_model": draft, "draft_weights": _drafter_weights(options.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}
-            methods.append(Method(name, "specdecode", _engine_runner(engine), params))
+            if isinstance(engine.drafter, Suffix):  # one store over the whole run, in question order
+                params["suffix_store"] = engine.drafter.config.store_tokens
+            reset = engine.drafter.clear if isinstance(engine.drafter, Suffix) else None
+            methods.append(Method(name, "specdecode", _engine_runner(engine), params, reset))
     return methods
 
 

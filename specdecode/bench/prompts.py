@@ -17,6 +17,9 @@ from pathlib import Path
 from ..config import ConfigError
 
 BUILTIN_NAME = "built-in (specdecode/bench/data/prompts.jsonl)"
+# built-in categories kept out of the default set (its figures stay comparable), loaded when named (--category):
+# multi-turn agentic work where requests repeat earlier answers, the workload the suffix drafter is for
+OPT_IN = {"agentic": "agentic.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -26,19 +29,32 @@ class Question:
     turns: tuple[str, ...]
 
 
-def builtin_text() -> str:
-    return resources.files("specdecode.bench.data").joinpath("prompts.jsonl").read_text(encoding="utf-8")
+def builtin_text(name: str = "prompts.jsonl") -> str:
+    return resources.files("specdecode.bench.data").joinpath(name).read_text(encoding="utf-8")
 
 
-def load_prompts(path: str | Path | None = None) -> list[Question]:
-    """Questions from a JSONL file (None: the built-in set), in file order."""
+def load_prompts(path: str | Path | None = None, only: tuple[str, ...] | None = None) -> list[Question]:
+    """Questions from a JSONL file (None: the built-in set), in file order. only: these categories (None: all);
+    a built-in OPT_IN category is loaded only when named here."""
     if path is None:
-        return parse_prompts(builtin_text(), BUILTIN_NAME)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read prompts file {str(path)!r}: {error}") from error
-    return parse_prompts(text, str(path))
+        questions = parse_prompts(builtin_text(), BUILTIN_NAME)
+        source = BUILTIN_NAME
+        for category, name in OPT_IN.items():
+            if only and category in only:
+                questions += parse_prompts(builtin_text(name), f"built-in (specdecode/bench/data/{name})")
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read prompts file {str(path)!r}: {error}") from error
+        questions, source = parse_prompts(text, str(path)), str(path)
+    if only is None:
+        return questions
+    known = list(dict.fromkeys(categories(questions) + (list(OPT_IN) if path is None else [])))
+    unknown = [c for c in only if c not in known]
+    if unknown:
+        raise ConfigError(f"unknown category {unknown[0]!r} in {source}; choose from: {', '.join(known)}")
+    return [q for q in questions if q.category in only]
 
 
 def parse_prompts(text: str, source: str = "<prompts>") -> list[Question]:

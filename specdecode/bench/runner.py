@@ -2,6 +2,8 @@
 
 Order: after a warm-up call per method, each prompt (one turn of one question) is decoded by every method in
 a rotating order (prompt u starts at method u mod M), so machine noise and cache effects hit all methods alike.
+Each method is one object for the whole run, questions in file order: a drafter that remembers earlier requests
+(`suffix`) drafts from the answers it gave to the questions before, as a server would.
 
 Multi-turn questions: a later turn is asked after the BASELINE's answers to the earlier turns, for every
 method. Every method then decodes exactly the same prompt ids at every turn (so speed and losslessness are
@@ -136,11 +138,14 @@ def _seed(seed: int, unit: int) -> int:
 
 
 def _warm_up(methods: list[Method], tokenizer, question: Question, settings: BenchSettings) -> None:
-    """One short untimed run per method: lazy allocations, kernel selection and caches happen here."""
+    """One short untimed run per method: lazy allocations, kernel selection and caches happen here. A method that
+    learns across runs (the suffix drafter's store) then forgets it: the warm-up answered the first question."""
     prompt_ids = encode_conversation(tokenizer, [{"role": "user", "content": question.turns[0]}])
     run = RunSettings(min(WARMUP_TOKENS, max(2, settings.max_new_tokens // 4)), settings.temperature, settings.seed)
     for method in methods:
         method.run(prompt_ids, run)
+        if method.reset is not None:
+            method.reset()
 
 
 # -- peak resident memory -------------------------------------------------------------------------------------

@@ -166,7 +166,10 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--requests ({args.requests}) is below --concurrency {max(levels)}: that level would "
                           "never have that many requests in flight")
     _check_out(args.out)  # before the run, not after it
-    prompts = [q.turns[0] for q in load_prompts(args.prompts)]
+    only = None if args.category is None else tuple(n.strip() for n in args.category.split(",") if n.strip())
+    if only is not None and not only:
+        raise ConfigError("--category names no category")
+    prompts = [q.turns[0] for q in load_prompts(args.prompts, only)]
     given = [flag for dest, (flag, default) in args.server_flags.items() if getattr(args, dest) != default]
     if args.url:
         _check_url(args.url)
@@ -267,5 +270,7 @@ def register(subparsers, name: str) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request")
     parser.add_argument("--prompts", default=None,
                         help="JSONL prompts file (default: the built-in set); each question's first turn is sent")
+    parser.add_argument("--category", default=None, metavar="NAMES",
+                        help="comma list of categories to send (default: all; the built-in 'agentic' only when named)")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     parser.set_defaults(func=cmd_bench_serve, server_flags=server_flags)

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from ..config import ConfigError, OptionError, SpecConfig
 from .base import Draft, Drafter, DrafterConfig, DrafterSpec, SequenceContext
-from . import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup
+from . import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup, suffix
 
 _SPECS: tuple[DrafterSpec, ...] = (none.SPEC, prompt_lookup.SPEC, layer_skip.SPEC, draft_model.SPEC, lookahead.SPEC,
-                                   eagle.SPEC, medusa.SPEC)
+                                   eagle.SPEC, medusa.SPEC, suffix.SPEC)
 
 
 def registry() -> dict[str, DrafterSpec]:
@@ -30,7 +30,7 @@ AUTO = "auto"
 # drafter, one would be ignored
 OPTION_READERS = {"exit_layer": ("layer-skip",), "lookahead": ("lookahead",),
                   "draft_model": ("draft-model", "eagle", "medusa"), "draft_weights": ("draft-model",),
-                  "confidence": ("layer-skip", "draft-model")}
+                  "confidence": ("layer-skip", "draft-model"), "suffix_store": ("suffix",)}
 
 
 def check_options_read(given: dict[str, bool], drafters: list[str], shown: str | None = None) -> None:

@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect
 from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters.base import Drafter
 from ..drafters.none import NoDrafter
+from ..drafters.suffix import Suffix
 from ..engine import Engine
 from ..target import Target
 from . import schemas as s
@@ -85,6 +86,9 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0, pause_on_time=False)
     engine = Engine(target, router, spec, max_batch=config.max_batch)
     metrics = ServerMetrics()
+    for drafter in drafters.values():
+        if isinstance(drafter, Suffix):  # its store's size and hits on /metrics
+            metrics.watch_store(drafter.stats)
     scheduling = SchedulerConfig(config.max_batch, config.max_queue, kv_cache_bytes=config.kv_cache_bytes,
                                  prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)

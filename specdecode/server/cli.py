@@ -120,7 +120,7 @@ def _drafter_config(args: argparse.Namespace, name: str):
     from ..drafters import DrafterConfig
 
     return DrafterConfig(name=name, draft_model=args.draft_model, draft_weights=args.draft_weights,
-                         exit_layer=args.exit_layer, lookahead=args.lookahead)
+                         exit_layer=args.exit_layer, lookahead=args.lookahead, suffix_store=args.suffix_store)
 
 
 def _powers(limit: int) -> tuple[int, ...]:

@@ -9,10 +9,12 @@ length (the bonus token included), over any scrape interval.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -64,6 +66,10 @@ class ServerMetrics:
         self.queue_depth.set_function(queued)
         self.active.set_function(active)
 
+    def watch_store(self, stats: Callable[[], "StoreStatsLike"]) -> None:
+        """Export a suffix drafter's store (its `stats`), read at scrape time."""
+        self.registry.register(_StoreCollector(stats))
+
     def observe_draft(self, drafted: int, accepted: int) -> None:
         """One sequence's verification pass: a draft of depth `drafted`, of which `accepted` tokens were kept."""
         if drafted <= 0:
@@ -76,3 +82,37 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class StoreStatsLike(Protocol):
+    """What `watch_store` reads (drafters.suffix_store.StoreStats)."""
+
+    tokens: int
+    sequences: int
+    capacity: int
+    evicted: int
+    drafts: int
+    hits: int
+
+
+class _StoreCollector(Collector):
+    """The suffix store's size and use, from one `stats()` call per scrape (the scheduler thread updates the
+    counts; each is read whole)."""
+
+    def __init__(self, stats: Callable[[], StoreStatsLike]):
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        yield GaugeMetricFamily("specdecode_suffix_store_tokens", "Tokens held by the suffix store", value=s.tokens)
+        yield GaugeMetricFamily("specdecode_suffix_store_sequences", "Sequences held by the suffix store",
+                                value=s.sequences)
+        yield GaugeMetricFamily("specdecode_suffix_store_capacity_tokens", "The suffix store's cap (--suffix-store)",
+                                value=s.capacity)
+        yield CounterMetricFamily("specdecode_suffix_store_evicted_sequences",
+                                  "Sequences evicted from the suffix store (oldest first)", value=s.evicted)
+        yield CounterMetricFamily("specdecode_suffix_drafts", "Non-empty drafts proposed by the suffix drafter",
+                                  value=s.drafts)
+        yield CounterMetricFamily("specdecode_suffix_store_hits",
+                                  "Suffix drafts drawn from the store (earlier requests), not only the request itself",
+                                  value=s.hits)

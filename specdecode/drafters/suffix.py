@@ -1,0 +1,257 @@
+"""`suffix`: SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975): draft what followed the longest match of the
+context's end in earlier requests (a store shared by every sequence of this drafter) and in this request's own
+prompt and output, as a tree of the most frequent continuations.
+
+Per step: find the longest suffix match (at most `max_match` tokens) in the request's own index and in the
+store, and merge the continuations after each match's occurrences into a trie with counts (`suffix_store`);
+matches of equal length share one trie. A node's frequency is count / occurrences (the paper's product of count
+ratios along the path). Nodes are taken greedily by estimated acceptance, highest first:
+    P(node) = reach(kind, depth) * count / occurrences
+where reach is the chance that a chain drafted after a match of this length (the kind: 1, 2, 3, 4+, 8+, 16+
+tokens) is accepted that deep (row_budget.DepthYield: measured prior rates updated by the results of every
+request of this drafter), so the match length sizes the draft. The tree stops at `nodes`, at depth k (or
+spec_factor * match length, the paper's MAX_SPEC, when set), below frequency `min_prob` (the paper's
+threshold), and on a CPU where one more row no longer pays:
+    P(node) <= row_cost * (1 + sum of P so far) / (1 + row_cost * nodes so far)
+(rows are free on a GPU: row_cost 0). Of the two trees (own, store) the one with more expected accepted tokens
+(sum of P) is drafted, as the paper picks between its prompt and global trees by score. A kind whose first token
+does not pay is probed with one token now and then, like prompt lookup. Drafts are deterministic (q one-hot):
+greedy and sampled output stay exact.
+
+The store is filled in `finish` with the sequence's prompt and output, so it lives as long as the drafter: across
+requests of one SpecDecoder, one server, one benchmark method. A seeded sampled sequence drafts from its own
+index only, with rates of its own: its random draws depend on its drafts, and a seed must give the same text
+whatever ran before.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..config import ConfigError, SpecConfig
+from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .row_budget import DepthYield, Probe, row_cost_for
+from .suffix_store import StoreStats, SuffixStore, TokenIndex, TrieNode, continuation_trie
+
+KINDS = (16, 8, 4, 3, 2, 1)  # match-length classes, longest first
+
+
+def kind_of(match: int) -> int:
+    """The match-length class of a match of `match` >= 1 tokens: 1, 2, 3, 4 (4-7), 8 (8-15) or 16 (16+)."""
+    return next(kind for kind in KINDS if match >= kind)
+
+
+# acceptance by depth (token j given token j-1) of the most frequent continuation, per kind, measured on the
+# default model's greedy answers (96 tokens) to the agentic category and 3 built-in questions per category (50
+# turns, in order, the store filled with the earlier ones), replaying the lookups at every position
+PRIOR_RATES = {1: (0.22, 0.51, 0.47, 0.71, 0.77), 2: (0.46, 0.54, 0.69, 0.76, 0.85), 3: (0.55, 0.66, 0.71, 0.86, 0.82),
+               4: (0.7, 0.76, 0.79, 0.82, 0.8), 8: (0.83, 0.84, 0.85, 0.87, 0.9), 16: (0.97,)}
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """store_tokens: the store's cap in tokens (oldest sequences evicted past it; ~160 bytes per token).
+    max_match: longest suffix match looked for (the paper's tree depth; vLLM's default is 24).
+    candidates: occurrences of the longest key examined per lookup, newest first (8: on replayed answers the
+    newest few predicted a little better than counts over 32; docs/drafters.md, "suffix").
+    nodes: most draft nodes per step (a tree may hold more nodes than k; its depth is at most k).
+    spec_factor: depth at most spec_factor * match length (the paper's MAX_SPEC; vLLM uses 1.0); None: no such
+    cap, the kind's learned rates size the draft (replayed: tau 2.28 against 2.20 at 1.0 on the agentic set).
+    min_prob: a node's frequency below its matched context must reach this (vLLM's min_token_prob, 0.1).
+    row_cost: one more verify row in one-token passes; None = 0 for a bare Suffix, the target's measured cost
+    through the registry."""
+
+    store_tokens: int = 65536
+    max_match: int = 24
+    candidates: int = 8
+    nodes: int = 32
+    spec_factor: float | None = None
+    min_prob: float = 0.1
+    row_cost: float | None = None
+    probe_every: int = 8
+
+    def __post_init__(self) -> None:
+        if self.store_tokens < 1:
+            raise ConfigError(f"the suffix store needs at least one token, got {self.store_tokens}")
+        if self.max_match < 1 or self.candidates < 1 or self.nodes < 1 or self.probe_every < 1:
+            raise ConfigError("suffix needs max_match, candidates, nodes and probe_every >= 1")
+        if ((self.spec_factor is not None and self.spec_factor <= 0) or not 0 <= self.min_prob <= 1
+                or (self.row_cost is not None and self.row_cost < 0)):
+            raise ConfigError("suffix needs spec_factor > 0, min_prob in [0, 1] and row_cost >= 0")
+
+
+def select_nodes(trie: list[TrieNode], occurrences: int, reach: Sequence[float], row_cost: float, max_nodes: int,
+                 min_prob: float) -> list[int]:
+    """Trie nodes to draft, a parent before its children: highest estimated acceptance
+    P = reach[depth - 1] * count / occurrences first, while the node's frequency count / occurrences >= min_prob,
+    fewer than max_nodes are taken and P > row_cost * (1 + sum P) / (1 + row_cost * taken) (it pays for its row).
+    P never grows down a path (counts and reach only fall), so the taken set is a tree.
+
+    Example: continuations [5, 6], [5, 7], [5, 6], [8] (4 occurrences), reach 1.0 everywhere: P is 5: 0.75,
+    6: 0.5, 8: 0.25, 7: 0.25 -> taken in that order with row_cost 0 and min_prob 0; min_prob 0.3 keeps 5 and 6;
+    row_cost 0.5 keeps only 5 (6 would need P > 0.5 * 1.75 / 1.5)."""
+    def estimate(i: int) -> float:
+        return reach[trie[i].depth - 1] * trie[i].count / occurrences
+
+    order = sorted(range(len(trie)), key=lambda i: (-estimate(i), trie[i].depth, i))
+    taken: list[int] = []
+    chosen: set[int] = set()
+    expected = 1.0  # tokens per pass: the target's own token plus the P of every node taken
+    for i in order:
+        if len(taken) >= max_nodes:
+            break
+        if trie[i].count < min_prob * occurrences or (trie[i].parent >= 0 and trie[i].parent not in chosen):
+            continue
+        if estimate(i) <= row_cost * expected / (1 + row_cost * len(taken)):
+            break  # later nodes have no higher P, and the bar only rises
+        taken.append(i)
+        chosen.add(i)
+        expected += estimate(i)
+    return taken
+
+
+def tree_draft(trie: list[TrieNode], taken: list[int]) -> Draft:
+    """The taken trie nodes as a Draft (tokens, parents renumbered in taken order)."""
+    index = {node: i for i, node in enumerate(taken)}
+    return Draft(tuple(trie[i].token for i in taken), tuple(index.get(trie[i].parent, -1) for i in taken))
+
+
+@dataclass(frozen=True)
+class _Proposal:
+    match: int  # tokens matched
+    kind: int  # kind_of(match)
+    trie: list[TrieNode]  # the continuations after its occurrences
+    taken: list[int]  # trie nodes worth drafting (select_nodes)
+    firsts: list[int]  # depth-1 nodes frequent enough to probe with
+    expected: float  # expected accepted tokens of the taken nodes (sum of P)
+    from_store: bool  # some occurrences are in earlier requests
+
+
+@dataclass
+class Learned:
+    """Per kind: acceptance by depth (from PRIOR_RATES, updated by results) and when to probe a kind that does
+    not pay."""
+
+    rates: dict[int, DepthYield] = field(default_factory=lambda: {k: DepthYield(r) for k, r in PRIOR_RATES.items()})
+    probes: dict[int, Probe] = field(default_factory=lambda: {k: Probe() for k in PRIOR_RATES})
+
+
+@dataclass
+class _State:
+    local: TokenIndex  # this request's prompt + output
+    use_store: bool  # False for a seeded sampled sequence (see the module docstring)
+    learned: Learned  # the drafter's, shared by its requests; a seeded sampled sequence's own
+    kind: int = 0  # the kind of the draft in flight (0: none)
+    drafted: int = 0  # its depth
+
+
+class Suffix(BaseDrafter):
+    name = "suffix"
+
+    def __init__(self, config: SuffixConfig | None = None):
+        self.config = config or SuffixConfig()
+        self.row_cost = self.config.row_cost or 0.0
+        c = self.config
+        self.store = SuffixStore(c.store_tokens, c.max_match, c.candidates)
+        self.learned = Learned()
+        self.drafts = self.hits = 0
+
+    def max_nodes(self, k: int) -> int:
+        """Largest draft at speculation length k (the fast path compiles up to it)."""
+        return self.config.nodes if k > 0 else 0
+
+    def stats(self) -> StoreStats:
+        s = self.store.stats()
+        return StoreStats(s.tokens, s.sequences, s.capacity, s.evicted, self.drafts, self.hits)
+
+    def clear(self) -> None:
+        """Forget every stored sequence, learned rate and count (a benchmark's warm-up must not seed them)."""
+        c = self.config
+        self.store = SuffixStore(c.store_tokens, c.max_match, c.candidates)
+        self.learned = Learned()
+        self.drafts = self.hits = 0
+
+    def start(self, seq: SequenceContext) -> None:
+        seeded = seq.sampling.seed is not None and not seq.sampling.greedy
+        local = TokenIndex(self.config.max_match, self.config.candidates)
+        local.extend(seq.tokens)
+        seq.state = _State(local, not seeded, Learned() if seeded else self.learned)
+
+    def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
+        return [self._draft_one(seq) for seq in seqs]
+
+    def _draft_one(self, seq: SequenceContext) -> Draft:
+        state: _State = seq.state
+        state.local.extend(seq.tokens[state.local.end :])
+        state.kind = state.drafted = 0
+        if seq.k <= 0:
+            return Draft()
+        own = state.local.find(seq.tokens)
+        stored = self.store.find(seq.tokens) if state.use_store else (0, [])
+        if own[0] == stored[0]:  # occurrences of the same context: counted together
+            sources = [(own[0], [(state.local, own[1]), (self.store.index, stored[1])])]
+        else:
+            sources = [(own[0], [(state.local, own[1])]), (stored[0], [(self.store.index, stored[1])])]
+        proposals = [self._proposal(state, match, found, seq.k) for match, found in sources if match]
+        proposals = [p for p in proposals if p is not None]
+        if not proposals:
+            return Draft()
+        best = max(proposals, key=lambda p: (p.expected, p.match))  # the paper's choice by score
+        taken = best.taken
+        probe = state.learned.probes[best.kind]
+        if taken:
+            probe.paid()
+        elif best.firsts and probe.due(self.config.probe_every):  # nothing pays: one token now and then
+            taken = [max(best.firsts, key=lambda i: best.trie[i].count)]
+        if not taken:
+            return Draft()
+        draft = tree_draft(best.trie, taken)
+        state.kind, state.drafted = best.kind, draft.depth
+        self.drafts += 1
+        self.hits += best.from_store
+        return draft
+
+    def _proposal(self, state: _State, match: int, found: list[tuple[TokenIndex, list[int]]],
+                  k: int) -> _Proposal | None:
+        """The tree drafted from the continuations after the occurrences of a match of `match` tokens."""
+        c = self.config
+        depth = k if c.spec_factor is None else min(k, math.ceil(c.spec_factor * match))
+        continuations = [x for index, positions in found for p in positions if (x := index.continuation(p, depth))]
+        if not continuations:
+            return None
+        trie = continuation_trie(continuations)
+        kind = kind_of(match)
+        rates = state.learned.rates[kind]
+        reach = _cumulative(rates.rate(j) for j in range(1, depth + 1))
+        taken = select_nodes(trie, len(continuations), reach, self.row_cost, c.nodes, c.min_prob)
+        firsts = [i for i, node in enumerate(trie) if node.parent < 0 and node.count >= c.min_prob * len(continuations)]
+        expected = sum(reach[trie[i].depth - 1] * trie[i].count for i in taken) / len(continuations)
+        from_store = any(index is self.store.index and positions for index, positions in found)
+        return _Proposal(match, kind, trie, taken, firsts, expected, from_store)
+
+    def observe(self, seq: SequenceContext, accepted: int) -> None:
+        state: _State = seq.state
+        if state.kind:
+            state.learned.rates[state.kind].add(state.drafted, min(accepted, state.drafted))
+
+    def finish(self, seq: SequenceContext) -> None:
+        self.store.insert(seq.tokens)
+        seq.state = None
+
+
+def _cumulative(rates) -> list[float]:
+    out, reach = [], 1.0
+    for rate in rates:
+        reach *= rate
+        out.append(reach)
+    return out
+
+
+def _build(target, config: DrafterConfig, spec: SpecConfig) -> Suffix:
+    store = {} if config.suffix_store is None else {"store_tokens": config.suffix_store}
+    return Suffix(SuffixConfig(**store, row_cost=row_cost_for(target, config.row_cost)))
+
+
+SPEC = DrafterSpec("suffix", _build, "tree of frequent continuations of the longest suffix match in earlier "
+                                     "requests and this one (model-free, store shared across requests)")

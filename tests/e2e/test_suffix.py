@@ -1,0 +1,102 @@
+"""The suffix drafter end to end on the tiny model: its store carries drafts across requests (the second of two
+requests drafts from the first one's output, at a higher tau), output stays the target's greedy output with a warm
+store, in batches and through the server's `speculation` extension, and a seeded sampled request gives the same
+text whatever the store holds."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.suffix import Suffix
+from specdecode.engine import Engine
+from tests.e2e.server_util import MODEL, SPEC, reference, serving, staggered, tiny_service
+from tests.e2e.test_greedy_tiny import NEW_TOKENS, PROMPTS, hf_greedy
+from tests.tiny import tiny_drafter
+
+GREEDY = GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False)
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model, tiny_tokenizer):
+    return {key: hf_greedy(tiny_model, tiny_tokenizer(text)["input_ids"], NEW_TOKENS) for key, text in PROMPTS.items()}
+
+
+def _engine(target, spec: SpecConfig, row_cost: float | None = None, max_batch: int = 1) -> Engine:
+    return Engine(target, tiny_drafter(target, "suffix", spec, row_cost=row_cost), spec, max_batch=max_batch)
+
+
+def test_second_request_drafts_from_the_first_ones_output(tiny_target, tiny_tokenizer, references):
+    spec = SpecConfig(k=4, pause_on_time=False)  # tau is asserted: K must not depend on the machine's timing
+    engine = _engine(tiny_target, spec, row_cost=0.0)
+    drafter: Suffix = engine.drafter
+    ids = tiny_tokenizer(PROMPTS["code"])["input_ids"]
+    first = engine.generate(ids, SamplingConfig(), GREEDY)
+    stats = drafter.stats()
+    assert (stats.sequences, stats.tokens) == (1, len(ids) + NEW_TOKENS)  # prompt + output, stored at finish
+    second = engine.generate(ids, SamplingConfig(), GREEDY)
+    assert first.token_ids == second.token_ids == references["code"]
+    assert drafter.stats().hits > stats.hits  # drafted from the store
+    assert second.metrics.accepted > first.metrics.accepted
+    assert second.metrics.tau > first.metrics.tau + 1.0, (first.metrics.as_dict(), second.metrics.as_dict())
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(k=4), SpecConfig(k=1), SpecConfig(k=3, adaptive=True, max_k=8)],
+                         ids=["k4", "k1", "adaptive"])
+def test_greedy_equals_plain_with_a_warm_store(spec, tiny_target, tiny_tokenizer, references):
+    """The registry's suffix drafter at the measured row cost: the second round over the prompts drafts from the
+    first round's outputs, so verification of accepted (not only rejected) store drafts is exercised."""
+    engine = _engine(tiny_target, spec)
+    for round_ in range(2):
+        for key, text in PROMPTS.items():
+            result = engine.generate(tiny_tokenizer(text)["input_ids"], SamplingConfig(), GREEDY)
+            assert result.token_ids == references[key], f"round {round_} diverged on {key!r}"
+            if round_:
+                assert result.metrics.accepted > 0, (key, result.metrics.as_dict())
+
+
+def test_batched_with_a_shared_store(tiny_target, tiny_tokenizer):
+    """Sequences join and leave a batch while the store fills with those that left: outputs are still each
+    request's own greedy output."""
+    spec = SpecConfig(k=4)
+    engine = _engine(tiny_target, spec, row_cost=0.0, max_batch=6)
+    prompts = [tiny_tokenizer(text)["input_ids"] for text in PROMPTS.values()] * 2
+    lengths = [24, 40, 32, 24, 40, 32]
+    expected = [reference(tiny_target, ids, n).token_ids for ids, n in zip(prompts, lengths)]
+    for _ in range(2):
+        assert staggered(engine, prompts, lengths) == expected
+    assert engine.drafter.stats().sequences == 12 and engine.drafter.stats().hits > 0
+
+
+def test_seeded_sampling_does_not_depend_on_the_store(tiny_target, tiny_tokenizer):
+    spec = SpecConfig(k=4)
+    engine = _engine(tiny_target, spec, row_cost=0.0)
+    ids = tiny_tokenizer(PROMPTS["repetitive"])["input_ids"]
+    seeded = SamplingConfig(temperature=0.8, seed=3)
+    before = engine.generate(ids, seeded, GREEDY).token_ids
+    for temperature in (0.0, 1.0, 1.0):  # other requests fill the store
+        engine.generate(ids, SamplingConfig(temperature=temperature), GREEDY)
+    assert engine.drafter.stats().sequences == 4
+    assert engine.generate(ids, seeded, GREEDY).token_ids == before
+
+
+def test_server_speculation_extension_and_store_metrics(tiny_target):
+    suffix = build_drafter(tiny_target, DrafterConfig("suffix", suffix_store=4096), SPEC)
+    drafters = {"prompt-lookup": build_drafter(tiny_target, DrafterConfig("prompt-lookup"), SPEC), "suffix": suffix}
+    service = tiny_service(tiny_target, drafters)
+    prompt = "def add(a, b):\n    return a + b\n\ndef sub("
+    expected = reference(tiny_target, tiny_target.tokenizer(prompt)["input_ids"], 32)
+    with serving(service) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        replies = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0,
+                                             extra_body={"speculation": {"drafter": "suffix"}}) for _ in range(2)]
+        metrics = httpx.get(server.url + "/metrics").text
+    assert [r.choices[0].text for r in replies] == [expected.text] * 2
+    assert [r.usage.drafter for r in replies] == ["suffix", "suffix"]
+    assert replies[1].usage.tau > replies[0].usage.tau
+    assert "specdecode_suffix_store_sequences 2.0" in metrics
+    assert "specdecode_suffix_store_capacity_tokens 4096.0" in metrics
+    hits = [line for line in metrics.splitlines() if line.startswith("specdecode_suffix_store_hits_total ")]
+    assert hits and float(hits[0].split()[1]) > 0

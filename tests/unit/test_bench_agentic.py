@@ -1,0 +1,59 @@
+"""The benchmark's opt-in `agentic` category, `--category`, `--suffix-store`, and the warm-up that must not seed a
+drafter's store: all checked without a model."""
+import pytest
+
+from specdecode.bench.harness import BenchConfig, validate
+from specdecode.bench.methods import Generation, Method
+from specdecode.bench.prompts import OPT_IN, load_prompts
+from specdecode.bench.runner import BenchSettings, _warm_up
+from specdecode.config import ConfigError
+from tests.tiny import byte_tokenizer
+
+
+def test_agentic_is_built_in_but_opt_in():
+    default = load_prompts()
+    agentic = load_prompts(only=("agentic",))
+    assert "agentic" in OPT_IN and all(q.category != "agentic" for q in default)
+    assert len(agentic) >= 12 and {q.category for q in agentic} == {"agentic"}
+    assert sum(len(q.turns) > 1 for q in agentic) >= 5  # edit loops: later turns repeat earlier answers
+    both = load_prompts(only=("agentic", "code"))
+    ids = [q.question_id for q in both]
+    assert len(ids) == len(set(ids)) and {q.category for q in both} == {"agentic", "code"}
+    assert not {q.question_id for q in agentic} & {q.question_id for q in default}
+
+
+def test_unknown_category_names_the_choices():
+    with pytest.raises(ConfigError, match="unknown category 'agentics'.*code, agentic"):
+        load_prompts(only=("agentics",))
+
+
+@pytest.mark.parametrize("flags, refused", [
+    ({"categories": ("agentic",), "limit": 2}, None),
+    ({"categories": ()}, "--category names no category"),
+    ({"suffix_store": 1000, "methods": "specdecode-prompt-lookup"}, "--suffix-store has no effect"),
+    ({"suffix_store": 0, "methods": "specdecode-suffix"}, "--suffix-store must be a positive number"),
+    ({"suffix_store": 1000, "methods": "specdecode-suffix"}, None),
+])
+def test_bench_flags(tmp_path, flags, refused):
+    config = BenchConfig(out=str(tmp_path / "out"), model="unused", **flags)
+    if refused is None:
+        questions, _ = validate(config)
+        if config.categories:
+            assert len(questions) == 2 and {q.category for q in questions} == {"agentic"}
+        return
+    with pytest.raises(ConfigError, match=refused):
+        validate(config)
+
+
+def test_warm_up_resets_what_a_method_learned():
+    calls = []
+
+    def run(prompt_ids, settings):
+        calls.append("run")
+        return Generation([1], 0.0)
+
+    methods = [Method("hf-generate", "baseline", run), Method("specdecode-suffix", "specdecode", run, {},
+                                                              lambda: calls.append("reset"))]
+    question = load_prompts(only=("agentic",))[0]
+    _warm_up(methods, byte_tokenizer(), question, BenchSettings(max_new_tokens=8))
+    assert calls == ["run", "run", "reset"]
