@@ -10,17 +10,18 @@ Chunked prefill: prompts are prefilled a chunk per round, so running streams kee
 loads, and a cancelled request stops at the next chunk; the prompts with the fewest tokens left go first. The
 chunks ride in the step's target pass as more rows (`Engine.step(..., prefill=)`): a pass of their own would
 add about a whole step of fixed cost on a small model or a CPU. With nothing decoding, a round carries
-`prefill_chunk` tokens. While rows decode, prefill gets `prefill_share` of the decoding time, in bursts: a step
-carries a chunk sized so that it adds about `prefill_burst` plain steps (`_adapt_chunk`, from the measured cost
-per token), and then plain steps follow until the time they took, times the share, has paid for it (a credit,
-`_credit`). Measured on the 2-core CPU, a batch step's cost jumps by about a whole step as soon as it carries a
-second row of even one token (GEMV becomes GEMM) and then grows slowly with tokens, so many small chunks (one per
-step) slow every token of the running streams and prefill slowest of all; few larger ones leave most gaps alone
-and prefill several times faster. A stream then runs at about 1 / (1 + share) of its idle speed. On the fixed-shape fast path (whose captured steps must keep their
-shapes) each chunk is a pass of its own. Each row attends over its own context (attention.row_sdpa_forward), so
-a loading prompt's length does not reach the other rows' attention; rows are still padded to the step's widest
-row in tokens (a chunk of c tokens makes every row's linear layers c tokens wide), which the adaptive chunk
-size keeps small.
+`prefill_chunk` tokens, and so does a round while rows decode when that is all the prompt tokens waiting
+(short prompts join the batch at once). More is a long prompt: it gets `prefill_share` of the decoding time, in
+bursts: a step carries a chunk sized to add about `prefill_burst` plain steps (`_adapt_chunk`, from the measured
+cost per token), then plain steps follow until their time, times the share, has paid for it (`_credit`).
+Measured on the 2-core CPU, a step's cost jumps by about a whole step as soon as it carries a second row of
+even one token (GEMV becomes GEMM) and then grows slowly with tokens, so a small chunk in every step slows every
+token of the running streams and prefills slowest of all; a few larger ones leave most gaps alone and prefill
+faster. A stream then runs at about 1 / (1 + share) of its idle speed. On the fixed-shape fast path (whose
+captured steps must keep their shapes) each chunk is a pass of its own. Where one row's context is much longer
+than the others', rows attend over their own contexts (target._uneven, attention.row_sdpa_forward), so a
+loading prompt's length does not reach the other rows' attention; rows are still padded to the step's widest
+row in tokens.
 
 KV memory: a request reserves its KV (prompt + max new tokens, Engine.kv_bytes) from `kv_cache_bytes` when it
 is submitted, and gives it back when it leaves. One that can never fit is refused (TooLarge: 413), one that
@@ -304,9 +305,10 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         decoding = [slot for slot in self._active if slot.seq.ready]
-        if not decoding:
+        waiting = sum(s.seq.prompt_len - 1 - s.seq.prefilled for s in self._active if s.seq.prefilling)
+        if not decoding or waiting <= self.config.prefill_chunk:  # short prompts join the batch at once
             prefill = self._chunks(self.config.prefill_chunk)
-        else:
+        else:  # a long prompt loads in bursts, paid for by decoding time
             prefill = self._chunks(self._chunk) if self._credit >= 0 else []
         if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
             for slot, _ in prefill:

@@ -6,7 +6,7 @@ from specdecode.target import Target
 from specdecode.trees import build_block
 from tests.tiny import tiny_llama
 
-LENGTHS = (40, 5)  # cached tokens per row: very different contexts
+LENGTHS = (600, 5)  # cached tokens per row: very different contexts, one long enough (PER_ROW_MIN_CONTEXT)
 
 
 def _chain(start: int, tokens: list[int], device) -> object:
@@ -15,7 +15,7 @@ def _chain(start: int, tokens: list[int], device) -> object:
 
 def _logits(target: Target, rows: list[int], per_row: bool) -> torch.Tensor:
     target._per_row_attention = per_row
-    cache = target.new_cache(rows=2, capacity=64)
+    cache = target.new_cache(rows=2, capacity=640)
     for row, length in enumerate(LENGTHS):
         target.forward(cache, [row], _chain(0, [(7 * row + i) % 50 + 3 for i in range(length)], target.device))
     steps = {0: [11, 12, 13], 1: [21, 22]}  # ragged too: 3 and 2 tokens
@@ -41,13 +41,22 @@ def test_rows_attend_over_their_own_lengths():
 def test_rows_are_read_in_place():
     """The dynamic cache hands attention each row's buffer over that row's length (no padded gather)."""
     target = Target(tiny_llama(seed=3))
-    _logits(target, [0, 1], per_row=True)
-    cache = target.new_cache(rows=2, capacity=64)
     target._per_row_attention = True
+    cache = target.new_cache(rows=2, capacity=640)
     for row, length in enumerate(LENGTHS):
-        target.forward(cache, [row], _chain(0, list(range(3, 3 + length)), target.device))
+        target.forward(cache, [row], _chain(0, [3 + i % 200 for i in range(length)], target.device))
     target.forward(cache, [0, 1], build_block(list(LENGTHS), [[5], [6]], [[-1], [-1]], 0, target.device))
     for layer in range(target.num_layers):
         (keys0, _, n0), (keys1, _, n1) = cache.rows_written(layer)
         assert (n0, n1) == (LENGTHS[0] + 1, LENGTHS[1] + 1)
         assert keys0.data_ptr() == cache.layers[layer].buffers[0][0].data_ptr()
+
+
+def test_alike_rows_keep_the_padded_batch():
+    """One attention call per row costs more than the batch's one where contexts are alike."""
+    target = Target(tiny_llama(seed=3))
+    cache = target.new_cache(rows=2, capacity=64)
+    for row in range(2):
+        target.forward(cache, [row], _chain(0, list(range(3, 43)), target.device))
+    target.forward(cache, [0, 1], build_block([40, 40], [[5], [6, 7]], [[-1], [-1, 0]], 0, target.device))
+    assert not cache.per_row
