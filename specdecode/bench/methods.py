@@ -31,6 +31,7 @@ from ..engine import Engine
 from ..fast import FastPathConfig
 from ..int8_draft import quantize_linears, wants_int8
 from ..models import ModelError
+from ..pass_cost import synchronize
 from ..target import Target
 
 BASELINE = "hf-generate"
@@ -259,11 +260,6 @@ def _dtype_name(model: torch.nn.Module) -> str:
 
 
 # -- runners --------------------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def cut_at_eos(ids: list[int], eos: set[int] | frozenset[int]) -> list[int]:
     for i, token in enumerate(ids):
         if token in eos:
@@ -341,7 +337,7 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
         if settings.seed is not None:
             torch.manual_seed(settings.seed)
         counter = _PassCounter(model, len(prompt_ids))
-        _sync(device)
+        synchronize(device)
         began = time.perf_counter()
         try:
             with counter, torch.inference_mode(), _generation_overrides(assistant, overrides or {}):
@@ -357,7 +353,7 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
                     **sampling,
                     **extra,
                 )
-            _sync(device)
+            synchronize(device)
         finally:  # transformers' early exit lowers the layer count without a `finally` of its own
             model.config.get_text_config().num_hidden_layers = layers
         seconds = time.perf_counter() - began
@@ -373,12 +369,12 @@ def _engine_runner(engine: Engine) -> Callable:
     def run(prompt_ids: list[int], settings: RunSettings) -> Generation:
         sampling = SamplingConfig(temperature=settings.temperature, seed=settings.seed)
         generation = GenerationConfig(max_new_tokens=settings.max_new_tokens, stop_on_eos=True, detokenize=False)
-        _sync(engine.target.device)
+        synchronize(engine.target.device)
         began = time.perf_counter()
         seq = None
         for seq, _ in engine.stream(prompt_ids, sampling, generation):
             pass
-        _sync(engine.target.device)
+        synchronize(engine.target.device)
         seconds = time.perf_counter() - began
         assert seq is not None
         m = seq.metrics

@@ -9,12 +9,14 @@ length (the bonus token included), over any scrape interval.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+
+from ..drafters.suffix_store import StoreStats
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -66,7 +68,7 @@ class ServerMetrics:
         self.queue_depth.set_function(queued)
         self.active.set_function(active)
 
-    def watch_store(self, stats: Callable[[], "StoreStatsLike"]) -> None:
+    def watch_store(self, stats: Callable[[], StoreStats]) -> None:
         """Export a suffix drafter's store (its `stats`), read at scrape time."""
         self.registry.register(_StoreCollector(stats))
 
@@ -84,22 +86,11 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class StoreStatsLike(Protocol):
-    """What `watch_store` reads (drafters.suffix_store.StoreStats)."""
-
-    tokens: int
-    sequences: int
-    capacity: int
-    evicted: int
-    drafts: int
-    hits: int
-
-
 class _StoreCollector(Collector):
     """The suffix store's size and use, from one `stats()` call per scrape (the scheduler thread updates the
     counts; each is read whole)."""
 
-    def __init__(self, stats: Callable[[], StoreStatsLike]):
+    def __init__(self, stats: Callable[[], StoreStats]):
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
