@@ -11,7 +11,7 @@ from typing import Iterator
 
 import torch
 
-from .config import ConfigError, GenerationConfig, OptionError, SamplingConfig, SpecConfig, check_device
+from .config import ConfigError, GenerationConfig, OptionError, SamplingConfig, SpecConfig, Structure, check_device
 from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, check_options_read
 from .engine import Engine, Result, Sequence, StepOutcome
 from .fast import FastPathConfig
@@ -84,9 +84,13 @@ class SpecDecoder:
         return self.engine.stream(self.encode(prompt, chat), sampling, generation)
 
     def generate(self, prompt: str | list[dict], *, chat: bool = False, max_new_tokens: int = 128,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> Result:
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 response_format: Structure | dict | None = None, logprobs: int | None = None) -> Result:
+        """response_format: a Structure (JSON schema, regex, choice, grammar) or OpenAI's response_format dict;
+        logprobs: per token its logprob and the top-N alternatives (Result.logprobs)."""
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-        generation = GenerationConfig(max_new_tokens=max_new_tokens)
+        structure = None if response_format is None else Structure.from_response_format(response_format)
+        generation = GenerationConfig(max_new_tokens=max_new_tokens, structure=structure, logprobs=logprobs)
         _check_greedy(sampling)
         return self.engine.generate(self.encode(prompt, chat), sampling, generation)
 

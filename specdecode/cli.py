@@ -10,7 +10,7 @@ import sys
 
 from .cli_args import (EXIT_USAGE, Parser, add_model_args, check_drafter_flags, default_dtype, fast_config,
                        spec_config, usage_error)
-from .config import ConfigError, GenerationConfig, SamplingConfig
+from .config import ConfigError, GenerationConfig, SamplingConfig, Structure
 
 
 def _quiet_transformers() -> None:
@@ -25,7 +25,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .api import SpecDecoder
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, structure=_structure(args),
+                                  logprobs=args.logprobs)
     if not args.prompt.strip():
         raise ConfigError("the prompt is empty")
     ignored = ["--" + name.replace("_", "-") for name in sampling.unused_when_greedy()]
@@ -39,14 +40,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                spec=spec_config(args),
                                device=args.device, dtype=default_dtype(args), weights=args.weights,
                                fast=fast_config(args))
-    pieces, seq = [], None
+    pieces, logged, seq = [], [], None
     for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
         pieces.append(chunk.text)
+        logged.extend(chunk.logprobs or ())
         if not args.json and chunk.text:
             print(chunk.text, end="", flush=True)
     metrics = seq.metrics
     if args.json:
-        print(json.dumps({"text": "".join(pieces), "new_tokens": metrics.new_tokens,
+        logprobs = None if args.logprobs is None else [
+            {"token": entry.token, "logprob": entry.logprob, "top": [[t, lp] for t, lp in entry.top]}
+            for entry in logged]
+        print(json.dumps({"text": "".join(pieces), "logprobs": logprobs, "new_tokens": metrics.new_tokens,
                           "target_passes": metrics.target_passes, "tau": round(metrics.tau, 4),
                           "acceptance_rate": round(metrics.acceptance_rate, 4),
                           "tokens_per_s": round(metrics.tokens_per_s, 3), "drafter": decoder.engine.drafter.name,
@@ -56,8 +61,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"\n\n[{decoder.engine.drafter.name}] {metrics.new_tokens} tokens, {metrics.target_passes} target passes, "
               f"tau {metrics.tau:.2f}, acceptance {metrics.acceptance_rate:.2f} (by position: {by_pos}), "
               f"{metrics.tokens_per_s:.1f} tokens/s; time: prefill {metrics.prefill_s:.2f}s, "
-              f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}")
+              f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}"
+              + (f"; grammar-forced tokens: {metrics.forced}" if generation.structure is not None else ""))
     return 0
+
+
+def _structure(args: argparse.Namespace) -> Structure | None:
+    """The output structure the flags ask for (at most one: argparse's group), files read here (one-line errors)."""
+    if args.json_object:
+        return Structure.json_object()
+    if args.regex is not None:
+        return Structure.regex(args.regex)
+    if args.choice:
+        return Structure.choice(args.choice)
+    for flag, path, make in (("--json-schema", args.json_schema, Structure.json_schema),
+                             ("--grammar", args.grammar, Structure.grammar)):
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as file:
+                    text = file.read()
+            except (OSError, UnicodeDecodeError) as error:
+                raise ConfigError(f"{flag}: cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+            return make(text)
+    return None
 
 
 def _resolved_drafter(args: argparse.Namespace) -> str:
@@ -84,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.add_argument("--logprobs", type=int, default=None, metavar="N",
+                     help="per token its logprob and the N most likely alternatives (in --json output)")
+    shape = gen.add_mutually_exclusive_group()  # structured outputs: what the output must match
+    shape.add_argument("--json-schema", metavar="FILE", help="a JSON schema the output must satisfy")
+    shape.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    shape.add_argument("--regex", metavar="PATTERN", help="a regular expression the output must match")
+    shape.add_argument("--choice", action="append", metavar="TEXT", help="one allowed output (repeat the flag)")
+    shape.add_argument("--grammar", metavar="FILE", help="a Lark or GBNF grammar the output must match")
     gen.set_defaults(func=cmd_generate)
 
     for name, module in (("bench", "specdecode.bench.cli"), ("serve", "specdecode.server.cli"),

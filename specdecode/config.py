@@ -1,6 +1,7 @@
 """Small frozen configs, one per concern. The CLI maps flags onto these in one place (cli.py, cli_args.py)."""
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,6 +25,8 @@ class OptionError(ConfigError):
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+MAX_GRAMMAR_DRAFT = 48  # forced tokens fit the KV slack a step's block may use (engine.KV_SLACK)
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 
 
 _NUMBER, _INT, _BOOL, _STRINGS = ((int, float), "a number"), (int, "an integer"), (bool, "True or False"), \
@@ -102,6 +105,9 @@ class SpecConfig:
     depends on the machine, the model and the prompt, so it is measured per sequence rather than configured.
     On by default. Greedy output does not depend on K, so the rule is lossless and changes only speed; a seeded
     sampled sequence ignores it (its random draws depend on K, and a seed must reproduce the same text).
+    grammar_draft: for a sequence with a structure (GenerationConfig.structure), the most tokens per step the
+    grammar adds to the draft where it admits a single continuation (JSON keys, punctuation, the rest of an enum
+    value); they are appended to the drafter's leaves, or are the whole draft. 0 turns grammar drafting off.
     """
 
     k: int = 5
@@ -114,6 +120,7 @@ class SpecConfig:
     pause_steps: int = 16
     pause_on_time: bool = True
     pause_time_margin: float = 0.05
+    grammar_draft: int = 16
 
     def __post_init__(self) -> None:
         _check_types("spec", k=(self.k, _INT), min_k=(self.min_k, _INT), max_k=(self.max_k, _INT),
@@ -131,6 +138,9 @@ class SpecConfig:
             raise ConfigError(f"pause_on_time must be True or False, got {self.pause_on_time!r}")
         if not 0 <= self.pause_time_margin < 1:
             raise ConfigError(f"pause_time_margin must be in [0, 1), got {self.pause_time_margin}")
+        _check_types("spec", grammar_draft=(self.grammar_draft, _INT))
+        if not 0 <= self.grammar_draft <= MAX_GRAMMAR_DRAFT:
+            raise ConfigError(f"grammar_draft must be in 0..{MAX_GRAMMAR_DRAFT}, got {self.grammar_draft}")
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,8 @@ class GenerationConfig:
     stop_on_eos: bool = True
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
+    structure: "Structure | None" = None  # what the output must match (structured outputs); None: free text
+    logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
 
     def __post_init__(self) -> None:
         _check_types("generation", max_new_tokens=(self.max_new_tokens, _INT), stop_on_eos=(self.stop_on_eos, _BOOL),
@@ -151,3 +163,78 @@ class GenerationConfig:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if not all(isinstance(s, str) and s for s in self.stop_strings):  # "" would be dropped, not matched
             raise ConfigError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        if self.structure is not None and not isinstance(self.structure, Structure):
+            raise ConfigError(f"structure must be a Structure or None, got {self.structure!r:.80}")
+        if self.logprobs is not None:
+            _check_types("generation", logprobs=(self.logprobs, _INT))
+            if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+                raise ConfigError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS} or None, got {self.logprobs}")
+
+
+STRUCTURE_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What a sequence's output must match, as data (compiled by structured.py). text: the JSON schema (JSON
+    text) for json_schema, the pattern for regex, the choices as a JSON list for choice, a Lark or GBNF grammar
+    for grammar; unused for json_object (any JSON object). Build with the named constructors."""
+
+    kind: str
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURE_KINDS:
+            raise ConfigError(f"structure kind must be one of {', '.join(STRUCTURE_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.text, str):
+            raise ConfigError(f"structure text must be a string, got {type(self.text).__name__}")
+        if self.kind != "json_object" and not self.text.strip():
+            raise ConfigError(f"a {self.kind} structure needs its text (schema, pattern, choices or grammar)")
+
+    @staticmethod
+    def json_object() -> "Structure":
+        return Structure("json_object")
+
+    @staticmethod
+    def json_schema(schema: dict | str) -> "Structure":
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"the JSON schema is not valid JSON: {error}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ConfigError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        return Structure("json_schema", json.dumps(schema))
+
+    @staticmethod
+    def regex(pattern: str) -> "Structure":
+        return Structure("regex", pattern)
+
+    @staticmethod
+    def choice(options: list[str] | tuple[str, ...]) -> "Structure":
+        if not isinstance(options, (list, tuple)) or not options or not all(isinstance(o, str) and o for o in options):
+            raise ConfigError(f"choice needs a non-empty list of non-empty strings, got {options!r:.80}")
+        return Structure("choice", json.dumps(list(options)))
+
+    @staticmethod
+    def grammar(text: str) -> "Structure":
+        return Structure("grammar", text)
+
+    @staticmethod
+    def from_response_format(value: "Structure | dict") -> "Structure | None":
+        """A Structure as it is, or OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}."""
+        if isinstance(value, Structure):
+            return value
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return Structure.json_object()
+        if kind == "json_schema":
+            inner = value.get("json_schema")
+            if not isinstance(inner, dict) or "schema" not in inner:
+                raise ConfigError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+            return Structure.json_schema(inner["schema"])
+        raise ConfigError("response_format must be a Structure or a dict with type text, json_object or "
+                          f"json_schema, got {value!r:.80}")

@@ -3,6 +3,7 @@ empty draft. `Engine.step` is the loop body over a batch; `stream` runs it for o
 scheduler runs it for many (sequences join and leave between steps)."""
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,9 +15,11 @@ from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from .detok import TextStream
 from .drafters.base import AuxBranch, Draft, Drafter, SequenceContext
 from .kv_cache import kv_bytes_per_slot
+from .logprobs import TokenLogprob, token_logprobs
 from .metrics import GenerationMetrics
 from .sampling import make_generator, probabilities
 from .speculation import SpeculationLength
+from .structured import Constraint, Grammars, Shaped, mask_logits
 from .target import Target
 from .trees import build_block
 from .verify import verify_greedy, verify_sampling
@@ -39,6 +42,7 @@ class Sequence:
     ready: bool = False  # prefill done and the drafter started: `step` may run it
     prefill_hidden: list[torch.Tensor] = field(default_factory=list, repr=False)  # per chunk, [q, hidden]
     text: "StopText | None" = field(default=None, repr=False)  # detokeniser and stop strings (None: ids only)
+    constraint: Constraint | None = field(default=None, repr=False)  # the grammar state (structured outputs)
 
     @property
     def finished(self) -> bool:
@@ -59,6 +63,7 @@ class Result:
     text: str
     finish_reason: str
     metrics: GenerationMetrics
+    logprobs: tuple[TokenLogprob, ...] | None = None  # per token (GenerationConfig.logprobs), else None
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class StepOutcome:
     verify_s: float  # this step's target pass, verification and commit
     finish_reason: str | None = None  # set when this step finished the sequence
     error: Exception | None = None  # committing this row failed (finish_reason "error"); the other rows are fine
+    forced: int = 0  # of the accepted draft tokens, those the grammar forced (structured outputs)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token (GenerationConfig.logprobs), else None
 
 
 @dataclass
@@ -91,6 +98,11 @@ class Engine:
         self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
         self._free_rows = list(range(self.max_batch))
         self._next_id = 0
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Compiles the structures of requests for this target's tokenizer (structured.py)."""
+        return Grammars(self.target.tokenizer, self.target.vocab_size, sorted(self.target.eos_ids))
 
     def warmup(self) -> None:
         """Fast path: compile every fixed-shape step the drafter can ask for before anything is timed."""
@@ -136,12 +148,15 @@ class Engine:
         if not self._free_rows:
             raise RuntimeError("no free batch row")
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
+        constraint = None if generation.structure is None else \
+            self.grammars.constraint(generation.structure, self.spec.grammar_draft)
         row = self._free_rows.pop(0)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
         self._next_id += 1
         seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
         if generation.detokenize and self.target.tokenizer is not None:
             seq.text = StopText(self.target.tokenizer, generation.stop_strings)
+        seq.constraint = constraint
         seq.metrics.prompt_tokens = len(prompt_ids)
         try:
             self.cache.reserve(row, self.kv_slots(len(prompt_ids), generation))
@@ -230,7 +245,9 @@ class Engine:
             remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
             wanted = seq.length.k if draft_len is None else draft_len(seq)
             seq.ctx.k = max(0, min(wanted, remaining - 1))
-        drafts = self.drafter.propose([seq.ctx for seq in seqs])
+        proposed = self.drafter.propose([seq.ctx for seq in seqs])
+        shaped = [self._shape(seq, draft) for seq, draft in zip(seqs, proposed)]
+        drafts = [draft if fit is None else fit.draft for draft, fit in zip(proposed, shaped)]
         drafted = time.perf_counter()
 
         hidden = self.drafter.capabilities.needs_hidden
@@ -251,30 +268,42 @@ class Engine:
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             if draft.aux:  # aux nodes sit after the root and the n draft nodes
                 self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])
+        for b, fit in enumerate(shaped):
+            if fit is not None:  # the grammar's mask at every node: the verifier sees the constrained distribution
+                mask_logits(out.logits[b, : fit.masks.shape[0]], fit.masks)
         verdicts = self._verify(seqs, drafts, out.logits)
-        committed: list[tuple[list[int], str, Exception | None]] = []
-        for b, (seq, draft, verdict) in enumerate(zip(seqs, drafts, verdicts)):
+        committed: list[Committed] = []
+        for b, (seq, draft, verdict, fit) in enumerate(zip(seqs, drafts, verdicts, shaped)):
             try:
-                committed.append((*self._commit(seq, draft, verdict, None if out.hidden is None else out.hidden[b]),
-                                  None))
+                committed.append(self._commit(seq, draft, verdict, out.logits[b],
+                                              None if out.hidden is None else out.hidden[b], fit))
             except Exception as error:  # noqa: BLE001 - this row's failure (its drafter's feedback, say) is its own
                 seq.finish_reason = "error"
-                committed.append(([], "", error))
+                committed.append(Committed([], "", 0, None, error))
         finished = time.perf_counter()
         outcomes = []
-        for seq, draft, verdict, (tokens, text, error) in zip(seqs, drafts, verdicts, committed):
+        for seq, draft, mine, verdict, done in zip(seqs, drafts, proposed, verdicts, committed):
             seq.metrics.draft_s += drafted - began
             seq.metrics.verify_s += finished - drafted
             seq.metrics.total_s += finished - began
-            if error is None:
+            if done.error is None:
                 # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
-                # draws) must not depend on timing, or the same seed would not give the same text
+                # draws) must not depend on timing, or the same seed would not give the same text. The drafter's
+                # own draft is judged: tokens the grammar forced say nothing of it
                 seeded = seq.ctx.sampling.seed is not None and not seq.ctx.sampling.greedy
-                seq.length.update(draft.depth, len(verdict.accepted), seconds=None if seeded else finished - began,
-                                  committed=len(tokens))
-            outcomes.append(StepOutcome(tokens, text, seq.ctx.k, draft.depth, len(verdict.accepted), drafted - began,
-                                        finished - drafted, seq.finish_reason, error))
+                seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
+                                  seconds=None if seeded else finished - began, committed=len(done.tokens))
+            outcomes.append(StepOutcome(done.tokens, done.text, seq.ctx.k, draft.depth, len(verdict.accepted),
+                                        drafted - began, finished - drafted, seq.finish_reason, done.error,
+                                        done.forced, done.logprobs))
         return outcomes
+
+    def _shape(self, seq: Sequence, draft: Draft) -> Shaped | None:
+        """The draft fitted to the sequence's grammar (None without one): no deeper than the tokens it may add."""
+        if seq.constraint is None:
+            return None
+        room = seq.generation.max_new_tokens - seq.metrics.new_tokens - 1
+        return seq.constraint.shape(draft, room)
 
     def _verify(self, seqs: list[Sequence], drafts: list[Draft], logits: torch.Tensor) -> list:
         # logits: [b, q, vocab]; row b's first len(draft) + 1 positions are real
@@ -292,19 +321,29 @@ class Engine:
                 verdicts.append(verify_sampling(draft.tokens, draft.parents, q, p, seq.ctx.generator))
         return verdicts
 
-    def _commit(self, seq: Sequence, draft: Draft, verdict, hidden: torch.Tensor | None) -> tuple[list[int], str]:
+    def _commit(self, seq: Sequence, draft: Draft, verdict, logits: torch.Tensor, hidden: torch.Tensor | None,
+                fit: Shaped | None) -> "Committed":
+        # logits: [q, vocab] this row's (masked) scores; hidden: [q, hidden] or None
         ctx = seq.ctx
         path_in_block = [node + 1 for node in verdict.accepted]  # block index 0 is the root
         self.cache.compact(ctx.row, [ctx.cache_len + i for i in path_in_block], ctx.cache_len + 1)
-        tokens = self._cut_at_stops(seq, [draft.tokens[node] for node in verdict.accepted] + [verdict.next_token])
+        tokens = [draft.tokens[node] for node in verdict.accepted] + [verdict.next_token]
+        if seq.constraint is not None:
+            tokens = seq.constraint.commit(tokens)
+        tokens = self._cut_at_stops(seq, tokens)
+        if seq.constraint is not None and seq.constraint.done and seq.finish_reason is None:
+            seq.finish_reason = "stop"  # the grammar is complete and admits nothing more
         if hidden is not None:
             ctx.hidden = hidden[[0, *path_in_block]]  # [accepted + 1, hidden]
         ctx.tokens.extend(tokens)
-        seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens))
+        own = len(verdict.accepted) if fit is None else sum(node < fit.own for node in verdict.accepted)
+        seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens), forced=len(verdict.accepted) - own)
+        top_n = seq.generation.logprobs
+        logprobs = None if top_n is None else token_logprobs(logits[[0, *path_in_block]], tokens, top_n)
         text = self._text(seq, tokens)
         if not seq.finished:
-            self.drafter.observe(ctx, len(verdict.accepted))
-        return tokens, text
+            self.drafter.observe(ctx, own)
+        return Committed(tokens, text, len(verdict.accepted) - own, logprobs)
 
     def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the committed tokens at the first EOS (kept, like transformers) or at the length budget."""
@@ -347,11 +386,25 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
                  generation: GenerationConfig | None = None) -> Result:
-        pieces, seq = [], None
+        pieces, logprobs, seq = [], [], None
         for seq, outcome in self.stream(prompt_ids, sampling, generation):
             pieces.append(outcome.text)
+            logprobs.extend(outcome.logprobs or ())
         assert seq is not None
-        return Result(seq.output_ids, "".join(pieces), seq.finish_reason or "length", seq.metrics)
+        wanted = seq.generation.logprobs is not None
+        return Result(seq.output_ids, "".join(pieces), seq.finish_reason or "length", seq.metrics,
+                      tuple(logprobs) if wanted else None)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What `_commit` did to one row (the step turns it into a StepOutcome)."""
+
+    tokens: list[int]
+    text: str
+    forced: int  # accepted draft tokens that the grammar forced
+    logprobs: tuple[TokenLogprob, ...] | None
+    error: Exception | None = None
 
 
 class StopText:

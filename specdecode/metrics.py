@@ -7,6 +7,7 @@
 - acceptance_rate = accepted draft tokens / proposed draft depth: for a chain, accepted / K; for a tree the
   depth of its longest path stands for K (nodes on rejected sibling branches are not "proposals" of a step).
 - acceptance_by_position[i] = P(depth i + 1 accepted | the draft reached depth i + 1).
+- forced counts the accepted draft tokens that a structure's grammar forced (they are in `accepted` too).
 """
 from __future__ import annotations
 
@@ -26,10 +27,13 @@ class GenerationMetrics:
     verify_s: float = 0.0
     total_s: float = 0.0
     prompt_tokens: int = 0
+    forced: int = 0
 
-    def observe(self, depth: int, accepted: int, committed: int) -> None:
-        """One verification pass: a draft of this depth, `accepted` draft tokens kept, `committed` added."""
+    def observe(self, depth: int, accepted: int, committed: int, forced: int = 0) -> None:
+        """One verification pass: a draft of this depth, `accepted` draft tokens kept (`forced` of them the
+        grammar's), `committed` added."""
         self.target_passes += 1
+        self.forced += forced
         self.new_tokens += committed
         self.proposed += depth
         self.accepted += accepted
@@ -65,6 +69,7 @@ class GenerationMetrics:
             "tau": round(self.tau, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
+            "forced": self.forced,
             "tokens_per_s": round(self.tokens_per_s, 3),
             "prefill_s": round(self.prefill_s, 4),
             "draft_s": round(self.draft_s, 4),

@@ -26,7 +26,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, Structure
 from ..drafters.base import Drafter
 from ..drafters.none import NoDrafter
 from ..drafters.suffix import Suffix
@@ -34,6 +34,7 @@ from ..engine import Engine
 from ..target import Target
 from . import schemas as s
 from .errors import APIError, bad_request, from_validation
+from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import ServerMetrics
 from .policy import SpecPolicy
 from .router import RoutingDrafter
@@ -255,8 +256,9 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     if req.model != service.config.model_name:
         raise APIError(404, f"model {req.model!r} does not exist; this server serves {service.config.model_name!r}",
                        param="model", code="model_not_found")
+    shape = await asyncio.to_thread(_output_shape, service, req)  # compiling a grammar must not stall the streams
     prompt_ids = await asyncio.to_thread(_encode, service, req, chat)  # a long prompt must not stall the streams
-    job = _job(service, req, prompt_ids)
+    job = _job(service, req, prompt_ids, shape)
     ticket = Ticket(job, asyncio.get_running_loop())
     try:
         service.scheduler.submit(ticket)
@@ -264,7 +266,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
         raise APIError(429, str(error), "rate_limit_error", code="queue_full") from None
     except TooLarge as error:
         raise APIError(413, str(error), param="max_tokens", code="kv_cache_too_small") from None
-    reply = _Reply(service.config.model_name, chat)
+    reply = _Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_sse(ticket, reply, include_usage), media_type="text/event-stream",
@@ -272,12 +274,15 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     try:
         pieces: list[str] = []
+        logprobs: list = []
         while True:
             event = await ticket.next()
             if isinstance(event, TextDelta):
                 pieces.append(event.text)
+                logprobs.extend(event.logprobs or ())
             elif isinstance(event, Finished):
-                return JSONResponse(reply.whole("".join(pieces), event))
+                wanted = job.generation.logprobs is not None
+                return JSONResponse(reply.whole("".join(pieces), event, logprobs if wanted else None))
             else:
                 raise APIError(event.status, event.message, "server_error", code="generation_failed")
     finally:
@@ -304,8 +309,8 @@ async def _sse(ticket: Ticket, reply: "_Reply", include_usage: bool) -> AsyncIte
         while True:
             event = await ticket.next()
             if isinstance(event, TextDelta):
-                if event.text:
-                    yield _data(reply.chunk(text=event.text))
+                if event.text or event.logprobs:
+                    yield _data(reply.chunk(text=event.text, logprobs=event.logprobs))
             elif isinstance(event, Finished):
                 yield _data(reply.chunk(text="", finish_reason=event.finish_reason))
                 if include_usage:
@@ -326,28 +331,43 @@ def _data(payload: dict) -> str:
 class _Reply:
     """Builds response bodies for one request (same id and timestamp in every chunk)."""
 
-    def __init__(self, model: str, chat: bool):
-        self.model, self.chat = model, chat
+    def __init__(self, model: str, chat: bool, token_text: Callable[[int], str]):
+        self.model, self.chat, self.token_text = model, chat, token_text
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self.offset = 0  # characters of token text sent so far (completions' text_offset)
 
     def _head(self) -> dict:
         return {"id": self.id, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, event: Finished) -> dict:
+    def whole(self, text: str, event: Finished, logprobs: list | None) -> dict:
         usage = _usage(event.stats)
         if self.chat:
-            choice = s.ChatChoice(message=s.AssistantMessage(content=text), finish_reason=event.finish_reason)
+            choice = s.ChatChoice(message=s.AssistantMessage(content=text), finish_reason=event.finish_reason,
+                                  logprobs=self._chat_logprobs(logprobs))
             return s.ChatCompletion(**self._head(), choices=[choice], usage=usage).model_dump()
-        choice = s.CompletionChoice(text=text, finish_reason=event.finish_reason)
+        choice = s.CompletionChoice(text=text, finish_reason=event.finish_reason,
+                                    logprobs=self._completion_logprobs(logprobs))
         return s.Completion(**self._head(), choices=[choice], usage=usage).model_dump()
 
-    def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None) -> dict:
+    def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
+              logprobs=None) -> dict:
         if self.chat:
             choice = s.ChatChunkChoice(delta=s.Delta(role=role, content=text if role is None else ""),
-                                       finish_reason=finish_reason)
+                                       finish_reason=finish_reason, logprobs=self._chat_logprobs(logprobs))
             return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
-        return _dump(s.Completion(**self._head(), choices=[s.CompletionChoice(text=text, finish_reason=finish_reason)]))
+        choice = s.CompletionChoice(text=text, finish_reason=finish_reason, logprobs=self._completion_logprobs(logprobs))
+        return _dump(s.Completion(**self._head(), choices=[choice]))
+
+    def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
+        return None if entries is None else chat_logprobs(entries, self.token_text)
+
+    def _completion_logprobs(self, entries) -> s.CompletionLogprobs | None:
+        if entries is None:
+            return None
+        out = completion_logprobs(entries, self.token_text, self.offset)
+        self.offset += sum(len(token) for token in out.tokens)
+        return out
 
     def usage_chunk(self, stats: RequestStats) -> dict:
         model = s.ChatCompletionChunk if self.chat else s.Completion
@@ -364,7 +384,8 @@ def _dump(model: BaseModel) -> dict:
 def _usage(stats: RequestStats) -> s.Usage:
     return s.Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
                    total_tokens=stats.prompt_tokens + stats.completion_tokens, tau=stats.tau,
-                   target_passes=stats.target_passes, acceptance_rate=stats.acceptance_rate, drafter=stats.drafter)
+                   target_passes=stats.target_passes, acceptance_rate=stats.acceptance_rate, drafter=stats.drafter,
+                   forced_tokens=stats.forced)
 
 
 # -- validation and encoding ---------------------------------------------------------------------------------------
@@ -446,7 +467,40 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, prompt_ids: list[int]) -> Job:
+@dataclass(frozen=True)
+class _OutputShape:
+    """What a request asks of its output beyond text: a structure, and logprobs (top-N)."""
+
+    structure: Structure | None
+    logprobs: int | None
+
+
+def _output_shape(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest) -> _OutputShape:
+    """The request's structure, compiled once here so that a bad schema, regex or grammar is a 400 naming it."""
+    try:
+        asked = req.structure()
+        logprobs = req.top_logprobs_wanted()
+    except s.StructureError as error:
+        raise bad_request(str(error), error.param, "invalid_structure") from None
+    except ValueError as error:
+        raise bad_request(str(error), "top_logprobs", "invalid_value") from None
+    if asked is None:
+        return _OutputShape(None, logprobs)
+    param, structure = asked
+    try:
+        service.scheduler.engine.grammars.check(structure)
+    except ConfigError as error:
+        raise bad_request(str(error), param, "invalid_structure") from None
+    return _OutputShape(structure, logprobs)
+
+
+def _token_text(service: Service, token: int) -> str:
+    with service.tokenizer_lock:
+        return service.target.tokenizer.decode([token])
+
+
+def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, prompt_ids: list[int],
+         shape: _OutputShape) -> Job:
     if not prompt_ids:
         raise bad_request("the prompt is empty", "prompt" if isinstance(req, s.CompletionRequest) else "messages")
     context = service.target.max_positions
@@ -480,7 +534,8 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
         sampling = SamplingConfig(temperature=1.0 if req.temperature is None else req.temperature,
                                   top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
         generation = GenerationConfig(max_new_tokens=max_tokens or min(service.config.default_max_tokens, room),
-                                      stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x))
+                                      stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x),
+                                      structure=shape.structure, logprobs=shape.logprobs)
     except ConfigError as error:
         raise bad_request(str(error)) from None
     return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from ..config import GenerationConfig, SamplingConfig
 from ..engine import Engine, Sequence, StepOutcome
+from ..logprobs import TokenLogprob
 from .metrics import ServerMetrics
 from .policy import AcceptanceStats, SpecPolicy
 from .router import RoutingDrafter
@@ -91,6 +92,7 @@ class Job:
 class TextDelta:
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class RequestStats:
     tau: float
     acceptance_rate: float
     drafter: str
+    forced: int = 0  # draft tokens the request's grammar forced
 
 
 @dataclass(frozen=True)
@@ -468,14 +471,14 @@ class Scheduler:
             self.metrics.ttft.observe(now - slot.ticket.arrived)
         self.metrics.generated_tokens.inc(len(tokens))
         if outcome.text or tokens:
-            slot.ticket.post(TextDelta(outcome.text, tuple(tokens)))
+            slot.ticket.post(TextDelta(outcome.text, tuple(tokens), outcome.logprobs))
         if outcome.finish_reason is not None:
             self._leave(slot, outcome.finish_reason)
 
     def _stats(self, slot: _Slot) -> RequestStats:
         m = slot.seq.metrics
         return RequestStats(m.prompt_tokens, len(slot.seq.output_ids), m.target_passes, round(m.tau, 4),
-                            round(m.acceptance_rate, 4), slot.drafter)
+                            round(m.acceptance_rate, 4), slot.drafter, m.forced)
 
     def _leave(self, slot: _Slot, reason: str) -> None:
         """The row leaves the batch; the request gets its final event unless it was aborted."""

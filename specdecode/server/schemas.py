@@ -4,23 +4,28 @@ Validation policy for request fields, in three kinds:
 1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (logprobs, echo, best_of, penalties, logit_bias, suffix, tools, functions,
-   audio, a message's name or tool_calls, ...) and the common vLLM sampling extensions (min_p,
-   repetition_penalty, guided_json, ...) are accepted only at their neutral value (null / false / 0 / 1 /
-   empty); anything else is a 400 that says the field is unsupported, so a client never gets silently
-   different behaviour.
+2. OpenAI fields we do not implement (echo, best_of, penalties, logit_bias, suffix, tools, functions, audio, a
+   message's name or tool_calls, ...) and the common vLLM sampling extensions (min_p, repetition_penalty, ...)
+   are accepted only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the
+   field is unsupported, so a client never gets silently different behaviour.
 3. Other fields are ignored: SDKs and proxies add fields freely (and OpenAI's bookkeeping fields such as
    `metadata`, `store` or `service_tier` do not change the output), and such a field has no declared type to be
    wrong about.
+Structured outputs: `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+{"schema": ...}}) on both endpoints, and vLLM's `structured_outputs: {"json" | "regex" | "choice" | "grammar" |
+"json_object": ...}` (its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` too); one per
+request. Logprobs: completions' `logprobs: N` and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
 Extensions: `speculation: {"drafter": NAME, "k": K}` chooses the drafter ("none" disables speculation) and sets
 the request's draft length; `top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance
-rate, drafter) in responses.
+rate, drafter, grammar-forced tokens) in responses.
 """
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import MAX_TOP_LOGPROBS, ConfigError, Structure
 
 
 class _Request(BaseModel):
@@ -59,6 +64,30 @@ class StreamOptions(_Request):
     include_usage: bool | None = None
 
 
+class JsonSchemaFormat(_Request):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: text, json_object, or json_schema with its schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Request):
+    """vLLM's structured_outputs extension: exactly one of these."""
+
+    json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _Sampling(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -75,27 +104,27 @@ class _Sampling(_Request):
     user: str | None = None
     speculation: SpeculationOptions | None = None  # extension
     ignore_eos: bool | None = False  # extension (as in vLLM): decode max_tokens tokens even past EOS
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # extension (as in vLLM)
+    guided_json: dict[str, Any] | bool | str | None = None  # vLLM's older names for structured_outputs
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # OpenAI fields accepted only at their neutral value (see unsupported()):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
-    logprobs: Any = None
     # vLLM sampling extensions, accepted only at their neutral value:
     min_p: Any = None
     repetition_penalty: Any = None
     min_tokens: Any = None
     stop_token_ids: Any = None
     include_stop_str_in_output: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
     NEUTRAL: ClassVar[dict[str, tuple]] = {
         "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
-        "include_stop_str_in_output": (False,), "guided_json": (), "guided_regex": (), "guided_choice": (),
-        "guided_grammar": ()}
+        "include_stop_str_in_output": (False,)}
     ONLY: ClassVar[dict[str, tuple]] = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
-                                        "logit_bias": ({},), "logprobs": (False,)}
+                                        "logit_bias": ({},)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
@@ -106,14 +135,57 @@ class _Sampling(_Request):
                 problems.append((name, f"{name} is not supported; omit it or send 0"))
         if self.logit_bias:
             problems.append(("logit_bias", "logit_bias is not supported"))
-        # not even 0: on /v1/completions, logprobs 0 asks for the sampled tokens' logprobs
-        if self.logprobs is not None and not _same(self.logprobs, False):
-            problems.append(("logprobs", "logprobs are not supported"))
         return problems
+
+    def structure(self) -> tuple[str, Structure] | None:
+        """(the field that asked, the Structure) for the one structure the request asks for, or None. More than
+        one, or a malformed one, is a ConfigError naming the field."""
+        asked = []
+        if self.response_format is not None and self.response_format.type != "text":
+            asked.append(("response_format", self._response_format()))
+        for name in ("json", "regex", "choice", "grammar", "json_object"):
+            value = getattr(self.structured_outputs, name + "_" if name == "json" else name, None)
+            if value is not None and value is not False:
+                asked.append((f"structured_outputs.{name}", (name, value)))
+        for name in ("json", "regex", "choice", "grammar"):
+            value = getattr(self, f"guided_{name}")
+            if value is not None:
+                asked.append((f"guided_{name}", (name, value)))
+        if len(asked) > 1:
+            raise StructureError(", ".join(field for field, _ in asked), "a request may ask for one structure, got "
+                                 + " and ".join(field for field, _ in asked))
+        if not asked:
+            return None
+        field, (kind, value) = asked[0]
+        try:
+            if kind == "json":
+                return field, Structure.json_schema(value)
+            if kind == "json_object":
+                return field, Structure.json_object()
+            return field, getattr(Structure, kind)(value)
+        except ConfigError as error:
+            raise StructureError(field, str(error)) from None
+
+    def _response_format(self) -> tuple[str, object]:
+        fmt = self.response_format
+        assert fmt is not None
+        if fmt.type == "json_object":
+            return "json_object", True
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise StructureError("response_format.json_schema", "response_format json_schema needs "
+                                 "{\"json_schema\": {\"name\": ..., \"schema\": {...}}}")
+        return "json", fmt.json_schema.schema_
+
+
+class StructureError(ValueError):
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]  # a list holds a batch of prompts: one is served
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # OpenAI allows 5; vLLM 20
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
@@ -130,6 +202,9 @@ class CompletionRequest(_Sampling):
         if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int) and len(self.prompt) > 1:
             problems.append(("prompt", "only one prompt per request is supported"))
         return problems
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(_Request):
@@ -155,10 +230,10 @@ class ChatMessage(_Request):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -176,22 +251,22 @@ class ChatCompletionRequest(_Sampling):
         "modalities": (["text"],), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
         "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
         "continue_final_message": (False,)}
-    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "top_logprobs": (0,), "tools": ([],),
-                                        "tool_choice": ("none", "auto"), "response_format": ({}, {"type": "text"})}
+    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "tools": ([],), "tool_choice": ("none", "auto")}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
         for i, message in enumerate(self.messages):
             problems += [(f"messages.{i}.{param}", text) for param, text in message.unsupported()]
-        if self.top_logprobs:
-            problems.append(("top_logprobs", "logprobs are not supported"))
         if self.tools:
             problems.append(("tools", "tools are not supported"))
         if self.tool_choice not in (None, "none", "auto"):
             problems.append(("tool_choice", "tool_choice is not supported"))
-        if self.response_format not in (None, {}, {"type": "text"}):
-            problems.append(("response_format", "only response_format {\"type\": \"text\"} is supported"))
         return problems
+
+    def top_logprobs_wanted(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # -- responses ----------------------------------------------------------------------------------------------------
@@ -206,12 +281,37 @@ class Usage(BaseModel):
     target_passes: int
     acceptance_rate: float
     drafter: str
+    forced_tokens: int = 0  # draft tokens the request's grammar forced (structured outputs)
+
+
+class CompletionLogprobs(BaseModel):
+    """Completions' logprobs: per token its text, logprob, the top-N as {text: logprob}, its offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
 
 
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 
@@ -232,7 +332,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 
@@ -253,7 +353,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 

@@ -154,14 +154,14 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": "x", "max_tokens": -3}', 400, "invalid_value", "max_tokens"),
     (b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400, "context_length_exceeded", "max_tokens"),
     (b'{"model": "tiny", "prompt": "x", "n": 2}', 400, "unsupported", "n"),
-    (b'{"model": "tiny", "prompt": "x", "logprobs": 3}', 400, "unsupported", "logprobs"),
+    (b'{"model": "tiny", "prompt": "x", "logprobs": 21}', 400, "invalid_value", "logprobs"),
     (b'{"model": "tiny", "prompt": "x", "presence_penalty": 0.5}', 400, "unsupported", "presence_penalty"),
     (b'{"model": "tiny", "prompt": "", "max_tokens": 2}', 400, "invalid_value", "prompt"),
     (b'{"model": "tiny", "prompt": [999999]}', 400, "invalid_value", "prompt"),
     (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),
     (b'{"model": "tiny", "prompt": "x", "seed": 1180591620717411303424}', 400, "invalid_value", "seed"),
     (b'{"model": "tiny", "prompt": [[1, 2], [3]]}', 400, "unsupported", "prompt"),
-    (b'{"model": "tiny", "prompt": "x", "logprobs": 0}', 400, "unsupported", "logprobs"),  # 0: sampled tokens'
+    (b'{"model": "tiny", "prompt": "x", "logprobs": true}', 400, "invalid_value", "logprobs"),  # a count here
     (b'{"model": "tiny", "prompt": "x", "min_p": 0.2}', 400, "unsupported", "min_p"),
     (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 1.3}', 400, "unsupported", "repetition_penalty"),
     (b'{"model": "tiny", "prompt": "' + b"x" * 1100 + b'"}', 400, "context_length_exceeded", "prompt"),

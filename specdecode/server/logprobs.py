@@ -1,0 +1,32 @@
+"""The engine's per-token logprobs in OpenAI's two response shapes (completions' parallel lists, chat's content
+entries). A token's text is its own decoding; chat entries also carry its UTF-8 bytes."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..logprobs import TokenLogprob
+from . import schemas as s
+
+TokenText = Callable[[int], str]
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText, offset: int = 0) -> s.CompletionLogprobs:
+    """offset: characters of the completion before these tokens (a stream's earlier chunks)."""
+    tokens = [token_text(entry.token) for entry in entries]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    tops = [{token_text(t): lp for t, lp in entry.top} for entry in entries]
+    return s.CompletionLogprobs(tokens=tokens, token_logprobs=[entry.logprob for entry in entries],
+                                top_logprobs=tops if any(entry.top for entry in entries) else None, text_offset=offsets)
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText) -> s.ChatLogprobs:
+    def top(token: int, logprob: float) -> s.TopLogprob:
+        text = token_text(token)
+        return s.TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+
+    content = [s.TokenLogprob(**top(entry.token, entry.logprob).model_dump(),
+                              top_logprobs=[top(t, lp) for t, lp in entry.top]) for entry in entries]
+    return s.ChatLogprobs(content=content)
