@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, module in (("bench", "specdecode.bench.cli"), ("serve", "specdecode.server.cli"),
                          ("train", "specdecode.train.cli"), ("bench-serve", "specdecode.bench.serve"),
-                         ("bench-fastpath", "specdecode.bench.fastpath"), ("bench-quality", "specdecode.bench.quality")):
+                         ("bench-fastpath", "specdecode.bench.fastpath"), ("bench-quality", "specdecode.bench.quality"),
+                         ("bench-structured", "specdecode.bench.structured")):
         try:
             register = importlib.import_module(module).register
         except ImportError:

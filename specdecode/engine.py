@@ -270,7 +270,9 @@ class Engine:
                 self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])
         for b, fit in enumerate(shaped):
             if fit is not None:  # the grammar's mask at every node: the verifier sees the constrained distribution
+                masking = time.perf_counter()
                 mask_logits(out.logits[b, : fit.masks.shape[0]], fit.masks)
+                seqs[b].metrics.grammar_s += time.perf_counter() - masking
         verdicts = self._verify(seqs, drafts, out.logits)
         committed: list[Committed] = []
         for b, (seq, draft, verdict, fit) in enumerate(zip(seqs, drafts, verdicts, shaped)):
@@ -302,8 +304,11 @@ class Engine:
         """The draft fitted to the sequence's grammar (None without one): no deeper than the tokens it may add."""
         if seq.constraint is None:
             return None
+        began = time.perf_counter()
         room = seq.generation.max_new_tokens - seq.metrics.new_tokens - 1
-        return seq.constraint.shape(draft, room)
+        shaped = seq.constraint.shape(draft, room)
+        seq.metrics.grammar_s += time.perf_counter() - began
+        return shaped
 
     def _verify(self, seqs: list[Sequence], drafts: list[Draft], logits: torch.Tensor) -> list:
         # logits: [b, q, vocab]; row b's first len(draft) + 1 positions are real

@@ -28,6 +28,7 @@ class GenerationMetrics:
     total_s: float = 0.0
     prompt_tokens: int = 0
     forced: int = 0
+    grammar_s: float = 0.0  # walking the grammar over drafts and masking the target's scores (in draft_s, verify_s)
 
     def observe(self, depth: int, accepted: int, committed: int, forced: int = 0) -> None:
         """One verification pass: a draft of this depth, `accepted` draft tokens kept (`forced` of them the
@@ -75,4 +76,5 @@ class GenerationMetrics:
             "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
             "total_s": round(self.total_s, 4),
+            "grammar_s": round(self.grammar_s, 4),
         }
