@@ -16,7 +16,7 @@ import torch
 class TokenLogprob:
     token: int
     logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # the N most likely tokens and their logprobs, most likely first
+    top: tuple[tuple[int, float], ...] = ()  # the N most likely allowed tokens and their logprobs, most likely first
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int) -> tuple[TokenLogprob, ...]:
@@ -27,7 +27,8 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int) -> tuple
     chosen = logp.gather(1, torch.tensor(tokens, device=logp.device).unsqueeze(1)).squeeze(1).tolist()
     if top_n:
         values, ids = logp.topk(top_n, dim=-1)
-        tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+        # a token the grammar forbids (-inf) is no alternative: fewer than top_n are listed where it allows fewer
+        tops = [tuple((t, lp) for t, lp in zip(i, v) if lp != float("-inf")) for i, v in zip(ids.tolist(), values.tolist())]
     else:
         tops = [()] * len(tokens)
     return tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(tokens, chosen, tops))

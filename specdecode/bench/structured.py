@@ -72,6 +72,17 @@ def load_tasks(path: str | None = None) -> list[Task]:
     return tasks
 
 
+def first_of_each(tasks: list[Task], limit: int | None) -> list[Task]:
+    """The first `limit` tasks of each category, file order kept (None: all)."""
+    taken: dict[str, int] = {}
+    chosen = []
+    for task in tasks:
+        if limit is None or taken.get(task.category, 0) < limit:
+            taken[task.category] = taken.get(task.category, 0) + 1
+            chosen.append(task)
+    return chosen
+
+
 def satisfies(task: Task, text: str) -> bool:
     if task.choices:
         return text in task.choices
@@ -174,7 +185,7 @@ def register(subparsers, name: str = "bench-structured") -> argparse.ArgumentPar
                         help="comma list of drafters, each run without and with grammar drafting (none first)")
     parser.add_argument("--draft-model", default=None, help="draft model, for the draft-model drafter")
     parser.add_argument("--tasks", default=None, help="JSONL of tasks (default: the shipped data/structured.jsonl)")
-    parser.add_argument("--limit", type=int, default=None, help="first N tasks")
+    parser.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=256, help="room for the longest shipped answer")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
@@ -196,7 +207,7 @@ def cmd_structured(args: argparse.Namespace) -> int:
         if value < 1:
             raise ConfigError(f"{flag} must be a positive integer, got {value}")
     try:
-        tasks = load_tasks(args.tasks)[: args.limit]
+        tasks = first_of_each(load_tasks(args.tasks), args.limit)
     except OSError as error:
         raise ConfigError(f"cannot read --tasks {args.tasks!r}: {error.strerror or error}") from None
     if args.threads:

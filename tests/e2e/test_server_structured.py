@@ -104,6 +104,16 @@ def test_completion_logprobs_equal_plain_decoding(client, tiny_target, tiny_toke
     assert logprobs.text_offset[0] == 0 and "".join(logprobs.tokens) == reply.choices[0].text
 
 
+def test_logprobs_of_a_structured_reply_list_only_allowed_tokens(client):
+    """Where the grammar forces a token, its alternatives are -inf: they are left out (JSON has no -inf)."""
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}], temperature=0,
+                                           max_tokens=160, response_format=FORMAT, logprobs=True, top_logprobs=5)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert content[0].token == "{" and content[0].logprob == 0.0 and len(content[0].top_logprobs) == 1
+    assert all(len(entry.top_logprobs) <= 5 for entry in content)
+
+
 def test_structure_under_sampling_is_valid(client):
     for seed in range(3):
         reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}],

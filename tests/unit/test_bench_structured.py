@@ -22,6 +22,11 @@ def test_shipped_tasks_cover_three_kinds_and_compile(tiny_tokenizer):
         grammars.check(task.structure)
 
 
+def test_limit_takes_the_first_tasks_of_each_category():
+    chosen = bench.first_of_each(bench.load_tasks(), 2)
+    assert [t.category for t in chosen] == ["extraction"] * 2 + ["classification"] * 2 + ["function_call"] * 2
+
+
 def test_satisfies_validates_schema_and_choice():
     tasks = bench.load_tasks()
     call = next(t for t in tasks if t.category == "function_call")
