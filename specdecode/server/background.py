@@ -13,7 +13,8 @@ class BackgroundServer:
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+        # h11 as `specdecode serve` runs it (uvicorn would pick httptools wherever it is installed: Ray brings it)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11",
                                                     lifespan="on", timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.host = host

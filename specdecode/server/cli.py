@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from dataclasses import dataclass
 
 from ..config import ConfigError
 
@@ -72,22 +74,14 @@ def check_limits(args: argparse.Namespace) -> None:
 def build_service(args: argparse.Namespace, api_key: str | None = None):
     """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started).
     With an api_key, /v1/* needs `Authorization: Bearer <api_key>`."""
-    from ..cli_args import check_drafter_flags, default_dtype, fast_config, spec_config
-    from ..drafters import AUTO, best_drafter_name, build_drafter, registry
+    from ..cli_args import default_dtype, fast_config, spec_config
+    from ..drafters import build_drafter
     from ..models import load_model
     from ..target import Target
     from .app import ServerConfig, build_service as build
     from .policy import SMOLLM2_CPU, SpecPolicy, calibrate
 
-    check_limits(args)
-    if args.drafter == AUTO:  # a named drafter: requests and metrics refer to it by name
-        args.drafter = best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu",
-                                         args.draft_model is not None)
-    names = [args.drafter] + [n.strip() for n in args.allow_drafters.split(",") if n.strip()]
-    unknown = [n for n in names if n not in registry()]
-    if unknown:
-        raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
-    check_drafter_flags(args, list(dict.fromkeys(names)))
+    names = resolve_drafters(args)
     spec = spec_config(args)
     if str(args.device).startswith("cuda"):
         import torch
@@ -116,6 +110,25 @@ def build_service(args: argparse.Namespace, api_key: str | None = None):
     return service
 
 
+def resolve_drafters(args: argparse.Namespace) -> list[str]:
+    """Check the flags that need no model (limits, drafter names and options) and name the default drafter
+    (`auto` resolved); returns the drafters to build, the default first."""
+    from ..cli_args import check_drafter_flags, spec_config
+    from ..drafters import AUTO, best_drafter_name, registry
+
+    check_limits(args)
+    if args.drafter == AUTO:  # a named drafter: requests and metrics refer to it by name
+        args.drafter = best_drafter_name("cuda" if str(args.device).startswith("cuda") else "cpu",
+                                         args.draft_model is not None)
+    names = [args.drafter] + [n.strip() for n in args.allow_drafters.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry()]
+    if unknown:
+        raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
+    check_drafter_flags(args, list(dict.fromkeys(names)))
+    spec_config(args)
+    return list(dict.fromkeys(names))
+
+
 def _drafter_config(args: argparse.Namespace, name: str):
     from ..drafters import DrafterConfig
 
@@ -132,14 +145,91 @@ def _powers(limit: int) -> tuple[int, ...]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    scaling = replica_flags(args)  # checked before the model loads (and before Ray starts)
+    settings = uvicorn_settings(args)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if scaling is not None:
+        return _serve_replicas(args, scaling, api_key)
     import uvicorn
 
     from .app import create_app
 
-    settings = uvicorn_settings(args)  # checked before the model loads
-    app = create_app(build_service(args, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None))
-    uvicorn.run(app, **settings)
+    uvicorn.run(create_app(build_service(args, api_key=api_key)), **settings)
     return 0
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The replica flags, checked: replicas to start, autoscaling bounds (None: a fixed count), Ray CPUs and torch
+    threads per replica, and the cluster to join (None: start Ray here)."""
+
+    replicas: int
+    min_replicas: int | None
+    max_replicas: int | None
+    cpus: float
+    threads: int
+    ray_address: str | None
+
+
+def replica_flags(args: argparse.Namespace, cores: int | None = None) -> Scaling | None:
+    """The --replicas family of flags as a Scaling, or None without --replicas (then none of them may be given)."""
+    if args.replicas is None:
+        given = [name for name in ("ray_address", "min_replicas", "max_replicas", "cpus_per_replica")
+                 if getattr(args, name) is not None]
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} needs --replicas")
+        return None
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
+    low, high = args.min_replicas, args.max_replicas
+    if low is not None or high is not None:
+        low, high = low if low is not None else 1, high if high is not None else max(args.replicas, low or 1)
+        if low < 1:
+            raise ConfigError(f"--min-replicas must be >= 1, got {low}")
+        if not low <= args.replicas <= high:
+            raise ConfigError(f"need --min-replicas ({low}) <= --replicas ({args.replicas}) <= --max-replicas ({high})")
+    cpus = args.cpus_per_replica
+    if cpus is None:
+        cpus = float(max(1, (cores or os.cpu_count() or 1) // args.replicas))
+    if not cpus > 0:
+        raise ConfigError(f"--cpus-per-replica must be > 0, got {cpus:g}")
+    return Scaling(args.replicas, low, high, cpus, max(1, int(cpus)), args.ray_address)
+
+
+def _serve_replicas(args: argparse.Namespace, scaling: Scaling, api_key: str | None) -> int:
+    """Serve the app over engine replicas on Ray Serve (replicas.py); blocks until interrupted."""
+    resolve_drafters(args)  # the replicas build from the resolved flags; bad ones fail here, not in each replica
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ConfigError("--replicas needs Ray Serve: pip install 'ray[serve]==2.60.0'") from None
+    from .replicas import APP_NAME, ReplicaSettings, application
+
+    flags = {name: value for name, value in vars(args).items() if name != "func"}
+    settings = ReplicaSettings(functools.partial(replica_service, flags, api_key), threads=scaling.threads,
+                               cpus=scaling.cpus, replicas=scaling.replicas, min_replicas=scaling.min_replicas,
+                               max_replicas=scaling.max_replicas, max_ongoing=args.max_batch + args.max_queue,
+                               target_ongoing=args.max_batch)
+    local = {} if scaling.ray_address else {"include_dashboard": False}
+    ray.init(address=scaling.ray_address, **local)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port,
+                                  "keep_alive_timeout_s": args.timeout_keep_alive})
+        try:
+            serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=True)
+        except RuntimeError as error:  # a replica failed to start (Serve's message ends with the cause)
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            raise ConfigError(f"the replicas did not start: {lines[-1].strip() if lines else error}") from None
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def replica_service(flags: dict, api_key: str | None):
+    """Build one replica's Service from the serve flags (runs inside the replica: the model loads there)."""
+    return build_service(argparse.Namespace(**flags), api_key)
 
 
 def uvicorn_settings(args: argparse.Namespace) -> dict:
@@ -179,4 +269,15 @@ def register(subparsers, name: str) -> None:
                         help="open connections (and requests in flight) before uvicorn answers 503")
     parser.add_argument("--timeout-keep-alive", type=int, default=5,
                         help="seconds an idle keep-alive connection stays open")
+    scale = parser.add_argument_group("replicas (Ray Serve; docs/scaling.md)")
+    scale.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="serve over N engine replicas on Ray Serve, each with its own model, KV memory and "
+                            "scheduler (the initial count when autoscaling)")
+    scale.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="join this Ray cluster ('auto': the one `ray start` runs here) instead of starting Ray")
+    scale.add_argument("--min-replicas", type=int, default=None, help="autoscale on requests in flight, down to this")
+    scale.add_argument("--max-replicas", type=int, default=None, help="autoscale on requests in flight, up to this")
+    scale.add_argument("--cpus-per-replica", type=float, default=None,
+                       help="Ray CPUs each replica reserves, and its torch threads (default: this machine's cores "
+                            "divided by --replicas, at least 1)")
     parser.set_defaults(func=cmd_serve)
