@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from ray import serve
 from ray.serve.config import RequestRouterConfig
+from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.request_router import RequestRouter
 
 from .app import Service, ServerConfig, _read_body, create_app
@@ -227,8 +228,7 @@ async def _bodies(messages, sse: bool) -> AsyncIterator[bytes]:
 
 def _failure(error: Exception) -> APIError:
     """A replica's failure as the app's error body: 503 when the replica is gone (retry: Serve restarts it)."""
-    if isinstance(error, (ray.exceptions.RayActorError, serve.exceptions.ReplicaUnavailableError,
-                          serve.exceptions.DeploymentUnavailableError)):
+    if isinstance(error, (ray.exceptions.RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)):
         return APIError(503, "the engine replica serving this request stopped; retry the request",
                         "server_error", code="replica_unavailable")
     return APIError(500, f"internal error: {type(error).__name__}: {error}".splitlines()[0], "server_error")
