@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -213,6 +214,7 @@ def _serve_replicas(args: argparse.Namespace, scaling: Scaling, api_key: str | N
                                target_ongoing=args.max_batch)
     local = {} if scaling.ray_address else {"include_dashboard": False}
     ray.init(address=scaling.ray_address, **local)
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: the application and Ray shut down cleanly
     try:
         serve.start(http_options={"host": args.host, "port": args.port,
                                   "keep_alive_timeout_s": args.timeout_keep_alive})
@@ -225,6 +227,10 @@ def _serve_replicas(args: argparse.Namespace, scaling: Scaling, api_key: str | N
         serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def replica_service(flags: dict, api_key: str | None):
