@@ -67,19 +67,28 @@ class Grammars:
                         from None
             return self._tokenizer
 
-    def check(self, structure: Structure) -> str:
-        """The compiled grammar text; an invalid schema, regex or grammar is a ConfigError naming the problem."""
+    def check(self, structure: Structure) -> None:
+        """An invalid schema, regex or grammar is a ConfigError naming the problem (the server's 400)."""
+        matcher = self._matcher(structure)
+        matcher.compute_bitmask()  # the first mask: a grammar too large for the lexer fails here, not in a step
+        if matcher.is_error():
+            raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_first_line(matcher.get_error())}")
+
+    def constraint(self, structure: Structure, grammar_draft: int) -> "Constraint":
+        return Constraint(self._matcher(structure), self.vocab_size, self.tokenizer.eos_token, grammar_draft)
+
+    def _matcher(self, structure: Structure) -> llguidance.LLMatcher:
+        """A matcher at the start of the output; one that cannot start (its grammar does not compile, or it fails
+        on this tokenizer) is a ConfigError."""
+        what = f"invalid {structure.kind.replace('_', ' ')}"
         grammar = grammar_text(structure)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if failed:
-            raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_first_line(messages[0])}")
-        return grammar
-
-    def constraint(self, structure: Structure, grammar_draft: int) -> "Constraint":
-        matcher = llguidance.LLMatcher(self.tokenizer, self.check(structure), log_level=0)
+            raise ConfigError(f"{what}: {_first_line(messages[0])}")
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_first_line(matcher.get_error())}")
-        return Constraint(matcher, self.vocab_size, self.tokenizer.eos_token, grammar_draft)
+            raise ConfigError(f"{what}: {_first_line(matcher.get_error())}")
+        return matcher
 
 
 @dataclass(frozen=True)
