@@ -31,17 +31,15 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 
 def grammar_text(structure: Structure) -> str:
-    """The llguidance grammar for a structure; a schema that is not JSON is a ConfigError (other errors surface
-    when the grammar compiles, `Grammars.check`)."""
-    if structure.kind in ("json_object", "json_schema"):
-        schema = '{"type": "object"}' if structure.kind == "json_object" else structure.text
-        try:
+    """The llguidance grammar for a structure; text its front end cannot read (a schema that is not JSON, a GBNF
+    grammar that does not parse) is a ConfigError. Other errors surface when the grammar compiles (`Grammars`)."""
+    try:
+        if structure.kind in ("json_object", "json_schema"):
+            schema = '{"type": "object"}' if structure.kind == "json_object" else structure.text
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
-        except ValueError as error:
-            raise ConfigError(f"invalid JSON schema: {_first_line(error)}") from None
-    if structure.kind == "grammar":
-        return llguidance.grammar_from("grammar", structure.text)
-    return llguidance.grammar_from(structure.kind, structure.text)  # regex, choice
+        return llguidance.grammar_from(structure.kind, structure.text)  # regex, choice, grammar (Lark or GBNF)
+    except ValueError as error:
+        raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_first_line(error)}") from None
 
 
 class Grammars:

@@ -489,7 +489,7 @@ def _output_shape(service: Service, req: s.CompletionRequest | s.ChatCompletionR
     param, structure = asked
     try:
         service.scheduler.engine.grammars.check(structure)
-    except ConfigError as error:
+    except ValueError as error:  # ConfigError, or a grammar front end's own error: the request's text is at fault
         raise bad_request(str(error), param, "invalid_structure") from None
     return _OutputShape(structure, logprobs)
 

@@ -136,6 +136,7 @@ def test_a_schema_that_cannot_finish_ends_with_length(client):
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"grammar": "start: nothing_defined"}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"grammar": "0"}}, "structured_outputs.grammar"),  # neither Lark nor GBNF
     ({"structured_outputs": {"regex": "a+"}, "guided_choice": ["a"]}, "structured_outputs.regex, guided_choice"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),

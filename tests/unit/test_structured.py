@@ -129,6 +129,7 @@ def test_bad_structures_are_config_errors(make, message):
 @pytest.mark.parametrize("structure, message", [
     (Structure.regex("(ab"), "invalid regex"),
     (Structure.grammar("start: foo\nfoo: bar"), "invalid grammar"),
+    (Structure.grammar("0"), "invalid grammar"),  # read as GBNF, which fails to parse
     (Structure.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "invalid json schema"),
 ])
 def test_grammars_that_do_not_compile_are_one_line_errors(grammars, structure, message):
