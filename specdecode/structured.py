@@ -73,7 +73,9 @@ class Grammars:
             raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_first_line(matcher.get_error())}")
 
     def constraint(self, structure: Structure, grammar_draft: int) -> "Constraint":
-        return Constraint(self._matcher(structure), self.vocab_size, self.tokenizer.eos_token, grammar_draft)
+        tokenizer = self.tokenizer
+        return Constraint(self._matcher(structure), self.vocab_size, tokenizer.eos_tokens or [tokenizer.eos_token],
+                          grammar_draft)
 
     def _matcher(self, structure: Structure) -> llguidance.LLMatcher:
         """A matcher at the start of the output; one that cannot start (its grammar does not compile, or it fails
@@ -107,8 +109,9 @@ class Shaped:
 class Constraint:
     """One sequence's grammar state: an llguidance matcher that has consumed the committed output."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_id: int, grammar_draft: int):
-        self.matcher, self.vocab_size, self.eos_id, self.grammar_draft = matcher, vocab_size, eos_id, grammar_draft
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: list[int], grammar_draft: int):
+        self.matcher, self.vocab_size, self.grammar_draft = matcher, vocab_size, grammar_draft
+        self.eos_ids, self.eos_id = frozenset(eos_ids), eos_ids[0]
         self.words = (vocab_size + 31) // 32
 
     @property
@@ -135,11 +138,14 @@ class Constraint:
                 token = draft.tokens[child]
                 if depth >= room or not _allowed(mask, token):
                     continue
-                self.matcher.consume_token(token)
                 kept_any = True
                 tokens.append(token)
                 parents.append(index)
                 origin.append(child)
+                if token in self.eos_ids:  # the end: nothing follows it (and a matcher cannot roll back over it)
+                    rows.append(self._eos_only())
+                    continue
+                self.matcher.consume_token(token)
                 visit(child, len(tokens) - 1, depth + 1)
                 self.matcher.rollback(1)
             if not kept_any:
@@ -156,7 +162,7 @@ class Constraint:
             forced = self.matcher.compute_ff_tokens()[: min(budget, room - depth)]
             parent, added = leaf, 0
             for token in forced:
-                if not _allowed(rows[parent + 1], token):  # a forced token is allowed; checked, never assumed
+                if token in self.eos_ids or not _allowed(rows[parent + 1], token):  # allowed: checked, not assumed
                     break
                 self.matcher.consume_token(token)
                 tokens.append(token)
@@ -186,8 +192,11 @@ class Constraint:
         cannot go on must still let the sequence end)."""
         mask = torch.empty(self.words, dtype=torch.int32)
         self.matcher.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
-        if not bool(mask.any()):
-            mask[self.eos_id // 32] = _bit(self.eos_id % 32)
+        return mask if bool(mask.any()) else self._eos_only()
+
+    def _eos_only(self) -> torch.Tensor:
+        mask = torch.zeros(self.words, dtype=torch.int32)
+        mask[self.eos_id // 32] = _bit(self.eos_id % 32)
         return mask
 
     def _q(self, draft: Draft, origin: list[int], tokens: list[int], parents: list[int],

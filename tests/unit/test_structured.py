@@ -54,6 +54,20 @@ def test_tree_is_cut_to_the_grammar_and_each_node_has_its_paths_mask(grammars, t
     assert constraint.shape(draft, room=8).draft == shaped.draft  # the walk left the matcher at the root
 
 
+def test_an_eos_node_ends_its_branch_and_leaves_the_matcher_where_it_was(grammars, tokenizer):
+    """A drafted EOS where the grammar may end is kept as a leaf with an EOS-only row; the matcher does not consume
+    it (a matcher cannot roll back over its end), so the next step starts from the committed state."""
+    one, two = ids(tokenizer, "12")
+    eos = tokenizer.eos_token_id
+    for structure in (Structure.regex("[0-9]+"), Structure.choice(["12"])):  # open-ended; complete after "12"
+        constraint = grammars.constraint(structure, grammar_draft=0)
+        constraint.commit([one])
+        shaped = constraint.shape(Draft.chain([two, eos, two]), room=8)
+        assert shaped.draft.tokens == (two, eos)
+        assert allowed_tokens(shaped.masks[2:], VOCAB)[0].nonzero().flatten().tolist() == [eos]
+        assert constraint.commit([two, eos])[:1] == [two]
+
+
 def test_room_limits_depth(grammars, tokenizer):
     a, b, one = ids(tokenizer, "ab1")
     constraint = grammars.constraint(Structure.regex(r"ab[0-9]+"), grammar_draft=0)
