@@ -81,11 +81,8 @@ class Grammars:
         """A matcher at the start of the output; one that cannot start (its grammar does not compile, or it fails
         on this tokenizer) is a ConfigError."""
         what = f"invalid {structure.kind.replace('_', ' ')}"
-        grammar = grammar_text(structure)
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
-        if failed:
-            raise ConfigError(f"{what}: {_first_line(messages[0])}")
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        # the constructor compiles the grammar once and reports its errors through is_error (no separate validation)
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar_text(structure), log_level=0)
         if matcher.is_error():
             raise ConfigError(f"{what}: {_first_line(matcher.get_error())}")
         return matcher
