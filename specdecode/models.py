@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .int8_draft import quantize_linears
+from .quant.weights import FLOAT_DTYPES, WEIGHTS, WeightsError, apply as apply_weights, resolve
 from .model_packages import PACKAGED, PackageError, assembled_path, default_dtype, default_weights, gguf_path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -161,12 +161,18 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
                weights: str = "same") -> LoadedModel:
     """Load a causal LM and its tokenizer. `spec`: None for the embedded default, a packaged model's name, a
     dir, a .gguf, or a hub id. dtype None: the model's own default on the device (model_packages.default_dtype).
-    weights: "same" (linear weights in dtype), "int8" (weight-only int8 linears: int8_draft.Int8Linear) or
-    "auto" (the model's own default on the device: model_packages.default_weights)."""
+    weights: the linear layers' format (quant/weights.py: auto, same, fp32, bf16, int8, int4, gguf)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    int8 = wants_int8_weights(weights, spec, device)
+    fmt = resolve_weights(weights, spec, device)
+    if fmt in FLOAT_DTYPES:
+        if dtype is not None and parse_dtype(dtype) != parse_dtype(FLOAT_DTYPES[fmt]):
+            raise ModelError(f"weights {fmt} contradict dtype {dtype}")
+        dtype = FLOAT_DTYPES[fmt]
+    gguf_file = gguf_source(spec) if fmt == "gguf" else None
     torch_dtype = parse_dtype(dtype if dtype is not None else model_dtype(spec, device))
+    if fmt in ("int8", "int4", "gguf") and torch_dtype != torch.float32:
+        raise ModelError(f"{fmt} weights decode with float32 activations; drop --dtype {dtype}")
     source = resolve_model_dir(spec, torch_dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -174,38 +180,40 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
     except (OSError, ValueError) as error:
         raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {_first_line(error)}") from error
     model.to(device).eval()
-    if int8:
-        quantize_linears(model)
+    if fmt in ("int8", "int4", "gguf"):
+        apply_weights(model, fmt, gguf_file)
         _own_tensors(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=canonical_name(spec) or spec)
 
 
+def gguf_source(spec: str | None) -> Path:
+    """The GGUF file a model comes from (for `--weights gguf`); one line when it comes from none."""
+    name = canonical_name(spec)
+    if name is not None:
+        return packaged_gguf_path(name)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise ModelError(f"weights gguf need a GGUF model (a packaged model or a .gguf file), not {spec!r}")
+
+
 def _own_tensors(model: torch.nn.Module) -> None:
     """Copy every parameter and buffer into memory of its own. Loaded weights are views of the safetensors file
-    mapped whole; once the linears are int8 copies, the few float tensors left (embeddings, norms) would keep
-    the whole fp32 file mapped: 6.1 GB of resident file pages for the 1.5B, against 1.9 GB of its own (measured
-    with /proc/self/status RssFile / RssAnon)."""
+    mapped whole; once the linears are quantized copies, the few float tensors left (embeddings, norms) would
+    keep the whole fp32 file mapped: 6.1 GB of resident file pages for the 1.5B, against 1.9 GB of its own
+    (measured with /proc/self/status RssFile / RssAnon)."""
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             tensor.data = tensor.data.clone()
 
 
-WEIGHTS = ("auto", "same", "int8")  # load_model(weights=...) / --weights
-
-
-def wants_int8_weights(weights: str, spec: str | None, device: str) -> bool:
-    """Whether the model's linear layers get int8 weights; a choice that cannot be honoured is one line."""
-    from .int8_draft import kernel_missing
-
-    if weights not in WEIGHTS:
-        raise ModelError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    choice = default_weights(canonical_name(spec), device) if weights == "auto" else weights
-    if choice != "int8":
-        return False
-    missing = kernel_missing(torch.device(device))
-    if missing and weights != "auto":
-        raise ModelError(f"int8 weights need the int8-weight CPU kernel ({missing})")
-    return missing is None
+def resolve_weights(weights: str, spec: str | None, device: str) -> str:
+    """The format the model's linear layers get (quant.weights.resolve); a choice that cannot be honoured is one
+    line."""
+    try:
+        return resolve(weights, default_weights(canonical_name(spec), device), device)
+    except WeightsError as error:
+        raise ModelError(str(error)) from None
 
 
 def model_dtype(spec: str | None, device: str = "cpu") -> str:

@@ -5,7 +5,7 @@ import argparse
 import shlex
 import sys
 
-from ..int8_draft import CHOICES
+from ..quant.weights import DRAFT_WEIGHTS
 from ..models import WEIGHTS
 from .harness import BenchConfig, benchmark
 from .methods import SCHEDULES, available
@@ -32,13 +32,14 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--weights", default="auto", choices=WEIGHTS,
-                        help="the target's linear weights for every method: int8, same (in --dtype) or auto (the "
-                             "model's own on the device: int8 for the Qwen pair on the CPU)")
+                        help="the target's linear weights: int4 / int8 (quantized blocks of 32, CPU), gguf (the GGUF's "
+                             "own bit widths), fp32 / bf16, same (in --dtype) or auto (the model's own on the "
+                             "device: int4 for the Qwen pair on the CPU, else same)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step by specdecode drafters")
-    parser.add_argument("--draft-weights", default="auto", choices=CHOICES,
-                        help="specdecode-draft-model's and hf-assisted-same-draft's draft: int8 (auto: on the CPU) "
+    parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
+                        help="specdecode-draft-model's and hf-assisted-same-draft's draft: int4 / int8 (auto: int4 on the CPU) "
                              "or the target's dtype (hf-assisted always uses the draft as loaded)")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="layer-skip / hf-early-exit exit layer (default: a third of the layers)")

@@ -18,6 +18,7 @@ import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig
 from ..models import WEIGHTS, load_model, model_dtype, parse_dtype
+from ..quant.weights import FLOAT_DTYPES, describe as describe_weights
 from . import methods as methods_mod
 from .methods import BASELINE, BenchModel, PeerOptions
 from .prompts import BUILTIN_NAME, categories, load_prompts, select
@@ -55,7 +56,7 @@ class BenchConfig:
 
     @property
     def resolved_dtype(self) -> str:
-        return self.dtype or model_dtype(self.model, self.device)
+        return self.dtype or FLOAT_DTYPES.get(self.weights) or model_dtype(self.model, self.device)
 
 
 def validate(config: BenchConfig) -> tuple[list, list[str]]:
@@ -147,7 +148,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         "draft_model": config.draft_model,
         "device": str(param.device),
         "dtype": str(param.dtype).removeprefix("torch."),
-        "weights": "int8" if any(type(m).__name__ == "Int8Linear" for m in bench_model.model.modules()) else "same",
+        "weights": describe_weights(bench_model.model),
         "baseline": BASELINE,
         "max_new_tokens": config.max_new_tokens,
         "temperature": config.temperature,

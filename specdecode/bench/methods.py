@@ -29,7 +29,8 @@ from ..drafters import DrafterConfig, build_drafter, registry
 from ..drafters.suffix import Suffix
 from ..engine import Engine
 from ..fast import FastPathConfig
-from ..int8_draft import quantize_linears, wants_int8
+from ..int8_draft import draft_format
+from ..quant.weights import apply as apply_weights
 from ..models import ModelError
 from ..pass_cost import synchronize
 from ..target import Target
@@ -228,13 +229,14 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
 
 
 def same_draft(draft: torch.nn.Module, choice: str, device: torch.device) -> tuple[torch.nn.Module, str]:
-    """The draft with the weights specdecode-draft-model drafts with (its own rule, `wants_int8`), so that
-    transformers' assisted generation is compared on the same draft: an int8 copy where that rule says int8
-    (the loaded draft stays as it is for hf-assisted), else the draft as loaded. -> (model, "int8" or dtype)"""
-    if not wants_int8(choice, device):
+    """The draft with the weights specdecode-draft-model drafts with (its own rule, `draft_format`), so that
+    transformers' assisted generation is compared on the same draft: a quantized copy where that rule says so
+    (the loaded draft stays as it is for hf-assisted), else the draft as loaded. -> (model, its weights)"""
+    fmt = draft_format(choice, device)
+    if fmt == "same":
         return draft, _dtype_name(draft)
-    int8 = copy.deepcopy(draft)
-    return int8, "int8" if quantize_linears(int8) else _dtype_name(draft)
+    quantized = copy.deepcopy(draft)
+    return quantized, apply_weights(quantized, fmt)
 
 
 def _peer_drafts(bench: BenchModel, names: list[str], choice: str,
@@ -252,7 +254,8 @@ def _peer_drafts(bench: BenchModel, names: list[str], choice: str,
 def _drafter_weights(choice: str, target: Target) -> str:
     """What specdecode-draft-model drafts with, by the rule it loads its draft with: "int8" or the target's
     dtype (the choice itself, "auto" say, is in the run's config)."""
-    return "int8" if wants_int8(choice, target.device) else str(target.dtype).removeprefix("torch.")
+    fmt = draft_format(choice, target.device)
+    return str(target.dtype).removeprefix("torch.") if fmt == "same" else fmt
 
 
 def _dtype_name(model: torch.nn.Module) -> str:

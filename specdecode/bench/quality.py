@@ -19,7 +19,8 @@ import torch
 from ..config import ConfigError
 from ..models import load_model
 
-FORMATS = ("float32", "bfloat16", "int8")  # int8: int8 linear weights, the rest in float32
+FORMATS = ("float32", "bfloat16", "int8", "int4", "gguf")  # the quantized ones: linear weights (quant/weights.py)
+QUANTIZED = ("int8", "int4", "gguf")
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ def measure(spec: str | None, formats: tuple[str, ...], text: str, max_tokens: i
     reference: torch.Tensor | None = None
     rows = []
     for name in ("float32", *[f for f in formats if f != "float32"]):
-        loaded = load_model(spec, dtype="float32" if name == "int8" else name,
-                            weights="int8" if name == "int8" else "same")
+        quantized = name in QUANTIZED
+        loaded = load_model(spec, dtype="float32" if quantized else name, weights=name if quantized else "same")
         ids = loaded.tokenizer(text)["input_ids"][:max_tokens]
         argmax, nll = next_token_scores(loaded.model, ids)
         reference = argmax if reference is None else reference

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from ..config import ConfigError, OptionError, SpecConfig
-from ..int8_draft import wants_int8
+from ..int8_draft import draft_format
 from ..models import load_model
 from ..target import Target
 from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
@@ -77,9 +77,8 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
     if not config.draft_model:
         raise OptionError("{drafter} draft-model needs {draft_model} (a path, packaged name or hub id)", "drafter",
                           "draft_model")
-    int8 = wants_int8(config.draft_weights, target.device)
-    loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype,
-                        weights="int8" if int8 else "same")
+    fmt = draft_format(config.draft_weights, target.device)
+    loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype, weights=fmt)
     draft = Target(loaded.model, loaded.tokenizer)
     if target.tokenizer is not None and not same_tokenizer(draft.tokenizer, target.tokenizer):
         return CrossTokenizerDrafter(draft, target, spec.confidence)

@@ -20,7 +20,9 @@ from specdecode.bench.summary import summarise
 from specdecode.cli import main
 from specdecode.config import ConfigError
 from specdecode.drafters import registry
-from specdecode.int8_draft import Int8Linear, available as int8_available
+from specdecode.int8_draft import available as int8_available
+from specdecode.quant import native
+from specdecode.quant.linear import PackedLinear
 
 PROMPTS = [
     {"question_id": 1, "category": "multi-turn",
@@ -103,7 +105,8 @@ def test_same_draft_peer_is_lossless_with_our_drafters_weights(bench_out):
     results = json.loads((bench_out / "results.json").read_text())
     params = {m["method"]: m["params"] for m in results["methods"]}
     assert [m["method"] for m in results["methods"]].index(SAME_DRAFT) == 3  # right after hf-assisted
-    assert params[SAME_DRAFT]["draft_weights"] == ("int8" if int8_available() else "float32")
+    assert params[SAME_DRAFT]["draft_weights"] == ("int4" if native.missing() is None else
+                                                   "int8" if int8_available() else "float32")
     assert params[SAME_DRAFT]["draft_weights"] == params["specdecode-draft-model"]["draft_weights"]
     assert params["hf-assisted"]["draft_weights"] == "float32"
     assert params[SAME_DRAFT]["num_assistant_tokens"] == 3
@@ -113,16 +116,16 @@ def test_same_draft_peer_is_lossless_with_our_drafters_weights(bench_out):
     assert row["tau"] >= 1.0 and row["acceptance_rate"] is not None
 
 
-def test_same_draft_is_an_int8_copy_only_where_our_drafter_drafts_in_int8(tiny_model_dir):
+def test_same_draft_is_a_quantized_copy_only_where_our_drafter_drafts_quantized(tiny_model_dir):
     draft = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir)).model
     model, weights = same_draft(draft, "same", torch.device("cpu"))
     assert model is draft and weights == "float32"
-    if not int8_available():
-        pytest.skip("this torch build lacks the int8-weight CPU kernel")
+    if native.missing():
+        pytest.skip(native.missing())
     model, weights = same_draft(draft, "auto", torch.device("cpu"))
-    assert model is not draft and weights == "int8"
-    assert any(isinstance(m, Int8Linear) for m in model.modules())
-    assert not any(isinstance(m, Int8Linear) for m in draft.modules())  # hf-assisted keeps the draft as loaded
+    assert model is not draft and weights == "int4"
+    assert any(isinstance(m, PackedLinear) for m in model.modules())
+    assert not any(isinstance(m, PackedLinear) for m in draft.modules())  # hf-assisted keeps the draft as loaded
 
 
 def test_assistant_schedule_and_draft_weights_reach_the_same_draft_peer(tmp_path, tiny_model_dir, tiny_draft_dir,

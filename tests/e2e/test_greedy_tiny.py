@@ -46,13 +46,18 @@ def test_greedy_equals_plain_with_free_rows(name, tiny_target, tiny_tokenizer, r
                   tiny_tokenizer, references)
 
 
-@pytest.mark.parametrize("weights", ["same", "int8"])
-def test_draft_model_greedy_with_either_draft_weights(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
-    """The registry's draft model drafts with int8 weights on the CPU by default (int8_draft.py); both ways
-    the output is the target's."""
+@pytest.mark.parametrize("weights", ["same", "int8", "int4"])
+def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
+    """The registry's draft model drafts with quantized weights on the CPU by default (int8_draft.draft_format);
+    every way the output is the target's."""
+    from specdecode.quant import native
+
+    if weights == "int4" and native.missing():
+        pytest.skip(native.missing())
     spec = SpecConfig(k=4)
     drafter = tiny_drafter(tiny_target, "draft-model", spec, tiny_draft_dir, draft_weights=weights)
-    assert isinstance(drafter.draft.model.get_output_embeddings(), torch.nn.Linear) == (weights == "same")
+    projection = drafter.draft.model.model.layers[0].mlp.down_proj
+    assert isinstance(projection, torch.nn.Linear) == (weights == "same")
     _check_greedy(Engine(tiny_target, drafter, spec), "draft-model", tiny_tokenizer, references)
 
 
@@ -79,25 +84,34 @@ def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
     assert metrics.tau > 1.0
 
 
-@pytest.fixture(scope="module")
-def int8_target(tiny_model, tiny_tokenizer):
-    """The tiny target with int8 linear weights (`--weights int8`): the quantized model IS the target."""
+@pytest.fixture(scope="module", params=["torch-int8", "int8", "int4"])
+def quantized_target(request, tiny_model, tiny_tokenizer):
+    """The tiny target with quantized linear weights: torch's per-channel int8 kernel, and the packed q8 / q4
+    layers of `--weights int8` / `int4` (quant/). The quantized model IS the target."""
     import copy
 
     from specdecode.int8_draft import quantize_linears
+    from specdecode.quant import native
+    from specdecode.quant.weights import apply
     from specdecode.target import Target
 
     model = copy.deepcopy(tiny_model)
-    assert quantize_linears(model)
+    if request.param == "torch-int8":
+        assert quantize_linears(model)
+    else:
+        if native.missing():
+            pytest.skip(native.missing())
+        apply(model, request.param)
     return Target(model, tiny_tokenizer)
 
 
 @pytest.mark.parametrize("name", list(registry()))
-def test_greedy_equals_plain_on_an_int8_target(name, int8_target, tiny_tokenizer, tiny_draft_dir):
-    """Every drafter over a target whose linears are int8: output equals transformers' greedy `generate` of that
-    same int8 model (which differs from the fp32 model's: the reference must be the quantized one)."""
-    references = {key: hf_greedy(int8_target.model, tiny_tokenizer(text)["input_ids"], NEW_TOKENS)
+def test_greedy_equals_plain_on_a_quantized_target(name, quantized_target, tiny_tokenizer, tiny_draft_dir):
+    """Every drafter over a target whose linears are quantized: output equals transformers' greedy `generate` of
+    that same quantized model (which differs from the fp32 model's: the reference must be the quantized one)."""
+    target = quantized_target
+    references = {key: hf_greedy(target.model, tiny_tokenizer(text)["input_ids"], NEW_TOKENS)
                   for key, text in PROMPTS.items()}
     spec = SpecConfig(k=4)
-    _check_greedy(Engine(int8_target, tiny_drafter(int8_target, name, spec, tiny_draft_dir, row_cost=0.0), spec), name,
+    _check_greedy(Engine(target, tiny_drafter(target, name, spec, tiny_draft_dir, row_cost=0.0), spec), name,
                   tiny_tokenizer, references)

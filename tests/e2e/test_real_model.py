@@ -78,3 +78,29 @@ def test_prompt_lookup_tau_on_repeat_prompt(default_model):
                "a wide brown lake, its arches half hidden under the moving water.")
     result = decoder.generate(f"Repeat the following passage exactly:\n{passage}", chat=True, max_new_tokens=64)
     assert result.metrics.tau > 1.5, result.metrics.as_dict()
+
+
+@pytest.fixture(scope="module")
+def int4_model():
+    """The default model with `--weights int4` (q4 layers, q8 head): a different target, its own reference."""
+    from specdecode.models import load_model
+    from specdecode.quant import native
+
+    if native.missing():
+        pytest.skip(native.missing())
+    return load_model(weights="int4")
+
+
+@pytest.mark.parametrize("name", [n for n in registry() if n not in ("none", "draft-model")])
+def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
+    """Every drafter over the quantized default model equals transformers' greedy `generate` of that same
+    quantized model, token for token."""
+    from specdecode.target import Target
+
+    target = Target(int4_model.model, int4_model.tokenizer)
+    spec = SpecConfig(k=4)
+    engine = Engine(target, build_drafter(target, DrafterConfig(name=name), spec), spec)
+    for key, ids in chat_ids.items():
+        reference = int4_model.model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == reference[0, len(ids):].tolist(), f"{name} diverged on the {key} prompt"

@@ -66,12 +66,22 @@ def test_seeded_generation_is_reproducible(target):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("weights", ["torch-int8", "int4"])
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
-def test_first_tokens_follow_an_int8_target(name):
-    """A target with int8 linear weights (`--weights int8`) is sampled exactly: the exact joint is computed
-    from the quantized model itself."""
+def test_first_tokens_follow_a_quantized_target(name, weights):
+    """A target with quantized linear weights (torch's int8 kernel; `--weights int4`) is sampled exactly: the
+    exact joint is computed from the quantized model itself."""
+    from specdecode.quant import native
+    from specdecode.quant.weights import apply
+
     quantized = tiny_target()
-    assert quantize_linears(quantized.model)
+    if weights == "torch-int8":
+        assert quantize_linears(quantized.model)
+    elif native.missing():
+        pytest.skip(native.missing())
+    else:
+        apply(quantized.model, weights)
+        assert any(type(m).__name__ == "PackedLinear" for m in quantized.model.modules())
     quantized = Target(quantized.model)
     spec = SpecConfig(k=2)
     engine = Engine(quantized, build(name, quantized, spec), spec)

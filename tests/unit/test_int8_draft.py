@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from specdecode.config import ConfigError
-from specdecode.int8_draft import Int8Linear, available, quantize_linears, wants_int8
+from specdecode.int8_draft import Int8Linear, available, draft_format, quantize_linears
+from specdecode.quant import native
 from specdecode.target import Target
 from tests.tiny import tiny_llama
 
@@ -33,14 +34,16 @@ def test_int8_logits_stay_close_to_full_precision():
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8  # measured 0.9 (a random model: near ties)
 
 
-def test_choice():
+def test_draft_weights_choice():
     cpu = torch.device("cpu")
-    assert wants_int8("auto", cpu) and wants_int8("int8", cpu) and not wants_int8("same", cpu)
-    assert not wants_int8("auto", torch.device("cuda")) and not wants_int8("same", torch.device("cuda"))
+    best = "int4" if native.missing() is None else "int8"
+    assert draft_format("auto", cpu) == best and draft_format("int8", cpu) == "int8"
+    assert draft_format("same", cpu) == "same"
+    assert draft_format("auto", torch.device("cuda")) == "same" and draft_format("same", torch.device("cuda")) == "same"
     with pytest.raises(ConfigError, match="not on cuda"):
-        wants_int8("int8", torch.device("cuda"))
+        draft_format("int8", torch.device("cuda"))
     with pytest.raises(ConfigError, match="must be one of"):
-        wants_int8("int4", cpu)
+        draft_format("int3", cpu)
 
 
 @torch.inference_mode()
@@ -54,25 +57,31 @@ def test_bias_is_kept():
 
 
 def test_target_weights_choice():
-    """--weights / load_model(weights=): the packaged Qwen pair defaults to int8 on the CPU, anything else to its
-    dtype's own weights; int8 off the CPU is one line, bad values too."""
-    from specdecode.models import ModelError, wants_int8_weights
+    """--weights / load_model(weights=): the packaged Qwen pair defaults to int4 on the CPU, anything else to its
+    dtype's own weights; quantized weights off the CPU are one line, bad values too."""
+    from specdecode.models import ModelError, resolve_weights
 
-    assert wants_int8_weights("auto", "qwen2.5-coder-1.5b", "cpu")
-    assert not wants_int8_weights("auto", "qwen2.5-coder-1.5b", "cuda")
-    assert not wants_int8_weights("auto", None, "cpu") and not wants_int8_weights("auto", "some/dir", "cpu")
-    assert wants_int8_weights("int8", "some/dir", "cpu") and not wants_int8_weights("same", "qwen2.5-coder-1.5b", "cpu")
+    assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cpu") == ("int4" if native.missing() is None else "int8")
+    assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cuda") == "same"
+    assert resolve_weights("auto", None, "cpu") == "same" and resolve_weights("auto", "some/dir", "cpu") == "same"
+    assert resolve_weights("int8", "some/dir", "cpu") == "int8"
+    assert resolve_weights("same", "qwen2.5-coder-1.5b", "cpu") == "same"
+    assert resolve_weights("bf16", None, "cpu") == "bf16"
     with pytest.raises(ModelError, match="not on cuda"):
-        wants_int8_weights("int8", None, "cuda")
+        resolve_weights("int8", None, "cuda")
     with pytest.raises(ModelError, match="weights must be one of"):
-        wants_int8_weights("int4", None, "cpu")
+        resolve_weights("int3", None, "cpu")
 
 
 def test_load_model_with_int8_weights(tiny_model_dir):
+    """`--weights int8` packs q8 layers with the native kernel (quant/), torch's int8 kernel where it cannot run;
+    a layer whose shape does not fit the packed layout (the tiny head's 259 outputs) keeps its float weights."""
     from specdecode.models import load_model
+    from specdecode.quant.linear import PackedLinear
 
     model = load_model(tiny_model_dir, weights="int8").model
-    assert isinstance(model.get_output_embeddings(), Int8Linear)
-    assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    # the dequantised head is there for code that reads it (EAGLE copies rows of the target's head)
-    assert model.get_output_embeddings().weight.shape == model.get_input_embeddings().weight.shape
+    kind = PackedLinear if native.missing() is None else Int8Linear
+    layers = [m for name, m in model.named_modules() if name.endswith("_proj")]
+    assert layers and all(isinstance(m, kind) for m in layers)
+    head = model.get_output_embeddings()
+    assert isinstance(head, nn.Linear if kind is PackedLinear else Int8Linear)

@@ -130,7 +130,7 @@ def test_a_single_file_package_is_used_in_place(tmp_path, monkeypatch):
 
 def test_default_dtypes_and_weights():
     assert model_packages.default_dtype("qwen2.5-coder-1.5b", "cpu") == "float32"
-    assert model_packages.default_weights("qwen2.5-coder-1.5b", "cpu") == "int8"
+    assert model_packages.default_weights("qwen2.5-coder-1.5b", "cpu") == "int4"
     assert model_packages.default_weights("qwen2.5-coder-1.5b", "cuda") == "same"
     assert model_packages.default_weights("smollm2-135m-instruct", "cpu") == "same"
     assert model_packages.default_dtype("smollm2-135m-instruct", "cpu") == "float32"

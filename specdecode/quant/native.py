@@ -1,0 +1,101 @@
+"""The native kernel of the quantized linear layers (kernels.c), compiled on first use and loaded with ctypes.
+
+Why a kernel of our own: on the AVX2 CPUs we decode on, torch's weight-only kernels (`_weight_int8pack_mm`,
+`_weight_int4pack_mm_for_cpu`) dequantise weights to bf16 and multiply in emulated bf16, which is compute-bound
+at ~4.5-5 GB/s per thread: a 1.5B pass took ~290 ms where llama.cpp reads the same file's weights in ~32 ms.
+kernels.c multiplies int8 activations by 4- or 8-bit weights with integer instructions, as llama.cpp does, at
+~25 GB/s on 2 threads (docs/design-notes.md, "Quantized weights"). torchao's CPU kernels for int4 are the same
+torch ops on x86 (its dynamic-activation kernels target ARM).
+
+The library is built with the system C compiler ($CC, else cc) into the user cache, keyed by the source's hash,
+and linked against OpenMP: opened after torch, it shares torch's OpenMP runtime (same soname), so its threads
+are torch's and `torch.set_num_threads` governs both."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401  (loads torch's OpenMP runtime before the kernel library opens)
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+_CPU_FLAGS = ("avx2", "fma", "f16c")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "quantize_activations": [_P, _I, _I, _P, _P, _P],
+    "gemm_q4": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I],
+    "gemm_q8": [_P, _P, _I, _I, _P, _P, _I, _P, _I],
+}
+
+
+def missing() -> str | None:
+    """Why the kernel cannot run here (None: it can); the reason is one line for the user."""
+    try:
+        library()
+    except KernelUnavailable as error:
+        return str(error)
+    return None
+
+
+class KernelUnavailable(RuntimeError):
+    """The native kernel cannot be built or run on this machine; the message says why, in one line."""
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The loaded kernel library, built on first use (raises KernelUnavailable)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise KernelUnavailable(f"the quantized kernel needs an x86-64 CPU, this is {platform.machine()}")
+    lacking = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
+    if lacking:
+        raise KernelUnavailable(f"the quantized kernel needs a CPU with {', '.join(lacking)}")
+    path = _build()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as error:
+        raise KernelUnavailable(f"could not load the quantized kernel {path}: {error}") from None
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    return lib
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _build() -> Path:
+    from ..models import cache_root
+
+    source = SOURCE.read_bytes()
+    compiler = os.environ.get("CC", "cc")
+    key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"quant-{key}.so"
+    if target.is_file():
+        return target
+    if shutil.which(compiler) is None:
+        raise KernelUnavailable(f"the quantized kernel is compiled on first use and needs a C compiler "
+                                f"({compiler!r} not found; set CC)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        built = Path(work) / target.name
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
+        if result.returncode != 0:
+            first = (result.stderr.strip().splitlines() or ["no output"])[0]
+            raise KernelUnavailable(f"compiling the quantized kernel failed: {first}")
+        os.replace(built, target)  # atomic: a concurrent build writes the same bytes
+    return target

@@ -1,0 +1,139 @@
+"""Which linear-weight format a model decodes with (`--weights`, `--draft-weights`), and applying it.
+
+  fp32 / bf16   every weight in that float dtype (torch's kernels)
+  int8          linear layers q8 (blocks of 32, int8 activations: linear.py); where the native kernel cannot
+                run, torch's per-channel int8 kernel (int8_draft.Int8Linear)
+  int4          linear layers q4, the output head q8 (the head decides every token: llama.cpp's Q4_K_M keeps
+                it at 6 bits too)
+  gguf          each linear layer in the format nearest its GGUF tensor's own: 4-bit types q4, 5- to 8-bit q8,
+                float tensors stay float (needs a GGUF model)
+  same          linear weights in the model's dtype (--dtype)
+  auto          the model's own choice on the device (model_packages.default_weights, set by the benchmark)
+The quantized model IS the target: speculation over it is lossless with respect to it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+WEIGHTS = ("auto", "same", "fp32", "bf16", "int8", "int4", "gguf")
+DRAFT_WEIGHTS = ("auto", "same", "int8", "int4")  # a draft model's (same: the target's dtype)
+FLOAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+_Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS")
+_GGUF_MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                 "ffn_down": "mlp.down_proj"}
+
+
+class WeightsError(ValueError):
+    """A weight format that cannot be used here; the message is one line for the user."""
+
+
+def check(choice: str, choices: tuple[str, ...] = WEIGHTS, what: str = "weights") -> str:
+    if choice not in choices:
+        raise WeightsError(f"{what} must be one of {', '.join(choices)}, got {choice!r}")
+    return choice
+
+
+def resolve(choice: str, default: str, device: str, *, what: str = "weights") -> str:
+    """The format to apply: "auto" becomes `default` (the model's own; a quantized default the device cannot
+    run falls back to "same"), an explicit quantized choice the device cannot run is a WeightsError."""
+    check(choice, WEIGHTS if what == "weights" else DRAFT_WEIGHTS, what)
+    chosen = default if choice == "auto" else choice
+    if chosen not in ("int8", "int4", "gguf"):
+        return chosen
+    reason = unavailable(chosen, device)
+    if reason is None:
+        return chosen
+    if choice == "auto":
+        return "int8" if chosen != "int8" and unavailable("int8", device) is None else "same"
+    raise WeightsError(f"{what} {chosen}: {reason}")
+
+
+def unavailable(fmt: str, device: str) -> str | None:
+    """Why `fmt` cannot run on `device` (None: it can)."""
+    from . import native
+
+    if not device.startswith("cpu"):
+        return f"quantized weights run on the CPU only, not on {device}"
+    missing = native.missing()
+    if missing is None:
+        return None
+    if fmt == "int8":
+        from ..int8_draft import kernel_missing
+        import torch
+
+        return None if kernel_missing(torch.device("cpu")) is None else missing
+    return missing
+
+
+def apply(model: nn.Module, fmt: str, gguf_file: Path | None = None) -> str:
+    """Quantize `model`'s linear layers in place to `fmt` (a resolved choice) -> what it now decodes with."""
+    from . import native
+    from .linear import pack_model
+
+    if fmt in ("same", "fp32", "bf16"):
+        return fmt
+    if fmt == "int4":
+        pack_model(model, "q4", head_fmt="q8")
+    elif fmt == "int8" and native.missing() is None:
+        pack_model(model, "q8")
+    elif fmt == "int8":
+        from ..int8_draft import quantize_linears
+
+        quantize_linears(model)
+    elif fmt == "gguf":
+        if gguf_file is None:
+            raise WeightsError("weights gguf need a GGUF model (a packaged model or a .gguf file)")
+        pack_gguf_like(model, gguf_formats(gguf_file))
+    return fmt
+
+
+def gguf_formats(path: Path) -> dict[str, str | None]:
+    """Module-path suffix ("layers.3.self_attn.q_proj", "lm_head") -> "q4", "q8" or None (float), read from the
+    GGUF's tensor types (the file is mapped, not read)."""
+    from gguf import GGUFReader
+
+    formats: dict[str, str | None] = {}
+    types = {tensor.name: tensor.tensor_type.name for tensor in GGUFReader(str(path)).tensors}
+    for name, kind in types.items():
+        fmt = None if kind in ("F32", "F16", "BF16") else "q4" if kind in _Q4_TYPES else "q8"
+        match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+        if match and match.group(2) in _GGUF_MODULES:
+            formats[f"layers.{match.group(1)}.{_GGUF_MODULES[match.group(2)]}"] = fmt
+    head = types.get("output.weight", types.get("token_embd.weight"))  # a tied head is the embeddings
+    if head is not None:
+        formats["lm_head"] = None if head in ("F32", "F16", "BF16") else "q4" if head in _Q4_TYPES else "q8"
+    return formats
+
+
+def pack_gguf_like(model: nn.Module, formats: dict[str, str | None]) -> int:
+    """Pack each linear layer in the format `formats` gives its module path (gguf_formats)."""
+    from .linear import HalfEmbedding, PackedLinear, packable
+
+    packed = 0
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            path = f"{parent_name}.{name}" if parent_name else name
+            fmt = next((f for suffix, f in formats.items() if path == suffix or path.endswith("." + suffix)), None)
+            if isinstance(child, nn.Linear) and fmt is not None and packable(child):
+                setattr(parent, name, PackedLinear(child, fmt))
+                packed += 1
+    embeddings = model.get_input_embeddings()
+    if packed and isinstance(embeddings, nn.Embedding) and embeddings.weight.dtype == torch.float32:
+        model.set_input_embeddings(HalfEmbedding(embeddings))
+    return packed
+
+
+def describe(model: nn.Module) -> str:
+    """What a loaded model's linear layers are: "int4", "int8", "q4+q8" (mixed), or its dtype."""
+    from .linear import PackedLinear
+
+    formats = {m.fmt for m in model.modules() if isinstance(m, PackedLinear)}
+    if any(type(m).__name__ == "Int8Linear" for m in model.modules()):
+        return "int8"
+    if formats:
+        return "+".join(sorted(formats))
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
