@@ -86,3 +86,45 @@ def using_grouped_attention(config, enabled: bool = True, name: str = NAME) -> I
 def per_row_attention_applies(config) -> bool:
     """Whether a model's attention can be switched to row_sdpa_forward (it is SDPA's, or already ours)."""
     return getattr(config, "_attn_implementation", None) in ("sdpa", NAME, ROWS_NAME)
+
+EXACT_NAME = "specdecode_row_exact"
+EXACT_MAX_ROWS = 64  # longer query blocks (prefill chunks) take SDPA: every method prefills alike
+
+
+def row_exact_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention that gives a query row the same bits whatever else is in its pass: each row attends over
+    exactly its visible keys, gathered in position order, with products of shapes set by that count alone.
+    SDPA and batched matmuls pick kernels and summation orders by the block's size, and a masked key still
+    changes the length a softmax sums over: ~1e-7 apart, which int8 activations (quant/) round into different
+    codes, so a verify pass over k tokens would not reproduce the one-token logits and speculation would
+    leave plain decoding's output. A tree node sees the cache and its ancestors: the very keys, in the same
+    order, that the same token sees when decoded alone."""
+    # query: [b, H, q, d]; key, value: [b, kv_heads, S, d]; attention_mask: [b, 1, q, S] bool or additive
+    b, heads, q, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    unusual = any(kwargs.get(name) is not None for name in ("softcap", "position_bias", "s_aux", "sinks"))
+    if q > EXACT_MAX_ROWS or unusual or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
+    if attention_mask is None:  # causal over this block: row t sees the cache and block rows <= t
+        visible = torch.ones(q, length, dtype=torch.bool).tril(length - q)[None, None].expand(b, 1, q, length)
+    elif attention_mask.dtype == torch.bool:
+        visible = attention_mask
+    else:
+        visible = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    out = query.new_empty(b, q, heads, d)
+    for i in range(b):
+        for t in range(q):
+            seen = visible[i, 0, t].nonzero().squeeze(-1)  # [n] positions, ascending
+            keys, values = key[i][:, seen], value[i][:, seen]  # [kv, n, d]
+            row = query[i, :, t].reshape(kv_heads, groups, d)  # [kv, g, d]
+            probs = torch.softmax(torch.matmul(row, keys.transpose(-1, -2)) * scale, -1)  # [kv, g, n]
+            out[i, t] = torch.matmul(probs, values).reshape(heads, d)
+    return out, None  # [b, q, H, d]
+
+
+AttentionInterface.register(EXACT_NAME, row_exact_forward)

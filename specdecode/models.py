@@ -183,7 +183,19 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
     if fmt in ("int8", "int4", "gguf"):
         apply_weights(model, fmt, gguf_file)
         _own_tensors(model)
+        exact_attention(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=canonical_name(spec) or spec)
+
+
+def exact_attention(model: torch.nn.Module) -> None:
+    """Switch a quantized model's SDPA attention to attention.row_exact_forward, so that a verify pass gives
+    every token its one-token logits bit for bit (int8 activations amplify SDPA's row-count-dependent rounding
+    into different tokens)."""
+    from .attention import EXACT_NAME
+
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+        config._attn_implementation = EXACT_NAME
 
 
 def gguf_source(spec: str | None) -> Path:

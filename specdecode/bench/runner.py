@@ -235,9 +235,14 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The precision the model's logits are computed in: int8 linears take and give bf16 activations
-    (int8_draft.Int8Linear), so an int8-weight model's near-ties are bf16's, whatever its parameters' dtype."""
-    if any(isinstance(module, Int8Linear) for module in model.modules()):
+    """The precision the model's logits are computed in, for near-tie classification: torch's int8 linears
+    take and give bf16 activations (int8_draft.Int8Linear); packed layers (quant/) round activations to int8
+    per block of 32, which moves logits by about as much as bf16 (a rounding flipped by another path's
+    1e-7 moves its output by 1/254 of the block's largest value). Against our own plain decoding the packed
+    model is bit-exact (attention.row_exact_forward); against transformers' `generate` it is not."""
+    from ..quant.linear import PackedLinear
+
+    if any(isinstance(module, (Int8Linear, PackedLinear)) for module in model.modules()):
         return ACTIVATION_DTYPE
     return next(model.parameters()).dtype
 

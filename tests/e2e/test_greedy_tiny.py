@@ -92,6 +92,7 @@ def quantized_target(request, tiny_model, tiny_tokenizer):
 
     from specdecode.int8_draft import quantize_linears
     from specdecode.quant import native
+    from specdecode.models import exact_attention
     from specdecode.quant.weights import apply
     from specdecode.target import Target
 
@@ -102,6 +103,7 @@ def quantized_target(request, tiny_model, tiny_tokenizer):
         if native.missing():
             pytest.skip(native.missing())
         apply(model, request.param)
+        exact_attention(model)  # as load_model does for quantized weights
     return Target(model, tiny_tokenizer)
 
 

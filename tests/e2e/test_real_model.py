@@ -93,14 +93,36 @@ def int4_model():
 
 @pytest.mark.parametrize("name", [n for n in registry() if n not in ("none", "draft-model")])
 def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
-    """Every drafter over the quantized default model equals transformers' greedy `generate` of that same
-    quantized model, token for token."""
+    """Every drafter over the quantized default model equals plain greedy decoding of that same quantized
+    model, token for token (transformers' `generate` on it differs at rounding-level ties: its SDPA sums
+    differently, and int8 activations amplify that; see bench.runner.compute_dtype)."""
+    from specdecode.drafters import none
     from specdecode.target import Target
 
     target = Target(int4_model.model, int4_model.tokenizer)
-    spec = SpecConfig(k=4)
+    spec = SpecConfig(k=4, pause_on_time=False)
+    plain = Engine(target, none.SPEC.build(target, DrafterConfig(), SpecConfig()))
     engine = Engine(target, build_drafter(target, DrafterConfig(name=name), spec), spec)
+    proposed = 0
     for key, ids in chat_ids.items():
-        reference = int4_model.model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+        reference = plain.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
         result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS))
-        assert result.token_ids == reference[0, len(ids):].tolist(), f"{name} diverged on the {key} prompt"
+        assert result.token_ids == reference, f"{name} diverged on the {key} prompt"
+        proposed += result.metrics.proposed
+    assert proposed > 0, "never drafted: the test would not exercise verification"
+
+
+def test_int4_verify_pass_reproduces_one_token_logits(int4_model):
+    """What the equality rests on: a pass over 5 tokens gives each the logits of decoding it alone, bit for
+    bit. Without the row-exact attention the packed model differs by up to ~0.8 in a logit (measured)."""
+    from transformers import DynamicCache
+
+    model = int4_model.model
+    ids = torch.randint(100, 2000, (1, 60), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(ids[:, :50], past_key_values=cache)
+        together = model(ids[:, 50:55], past_key_values=cache).logits[0]
+        cache.crop(-5)
+        alone = torch.stack([model(ids[:, i:i + 1], past_key_values=cache).logits[0, 0] for i in range(50, 55)])
+    assert torch.equal(together, alone)

@@ -72,6 +72,7 @@ def test_first_tokens_follow_a_quantized_target(name, weights):
     """A target with quantized linear weights (torch's int8 kernel; `--weights int4`) is sampled exactly: the
     exact joint is computed from the quantized model itself."""
     from specdecode.quant import native
+    from specdecode.models import exact_attention
     from specdecode.quant.weights import apply
 
     quantized = tiny_target()
@@ -81,6 +82,7 @@ def test_first_tokens_follow_a_quantized_target(name, weights):
         pytest.skip(native.missing())
     else:
         apply(quantized.model, weights)
+        exact_attention(quantized.model)
         assert any(type(m).__name__ == "PackedLinear" for m in quantized.model.modules())
     quantized = Target(quantized.model)
     spec = SpecConfig(k=2)

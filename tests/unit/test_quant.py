@@ -141,3 +141,27 @@ def test_bad_weights_flag_exits_2(weights, capsys):
         main(["generate", "--weights", weights, "hi"])
     assert exit_info.value.code == 2
     assert "--weights" in capsys.readouterr().err
+
+
+@torch.inference_mode()
+def test_row_exact_attention_matches_sdpa_and_is_row_independent():
+    """attention.row_exact_forward: SDPA's values (to float rounding) under a tree mask, and each row's output
+    equal bit for bit to attending alone over exactly its visible keys."""
+    from specdecode.attention import row_exact_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    module = nn.Module()
+    module.is_causal, module.num_key_value_groups = True, 2
+    query, key, value = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 10, 16), torch.randn(1, 2, 10, 16)
+    mask = torch.ones(1, 1, 3, 10, dtype=torch.bool)
+    mask[0, 0, 0, 8:] = False  # node 0 sees the cache (7) and itself (7)
+    mask[0, 0, 1, 9] = False  # node 1: sibling of node 2
+    mask[0, 0, 2, 8] = False
+    mask[0, 0, :, 7] = True
+    exact, _ = row_exact_forward(module, query, key, value, mask)
+    reference, _ = sdpa_attention_forward(module, query, key, value, mask)
+    torch.testing.assert_close(exact, reference, rtol=1e-5, atol=1e-5)
+    seen = [0, 1, 2, 3, 4, 5, 6, 7, 9]  # node 2 alone over its visible keys only
+    alone, _ = row_exact_forward(module, query[:, :, 2:3], key[:, :, seen], value[:, :, seen], None)
+    assert torch.equal(alone[0, 0], exact[0, 2])
