@@ -28,8 +28,7 @@ def usage_error(error: Exception) -> str:
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
     from .drafters import AUTO, registry
-    from .quant.weights import DRAFT_WEIGHTS
-    from .models import WEIGHTS
+    from .quant.weights import DRAFT_WEIGHTS, WEIGHTS
 
     parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
                              "dir, .gguf file or hub id (default: smollm2-135m-instruct)")

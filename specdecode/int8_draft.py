@@ -1,5 +1,7 @@
-"""Int8 weights for a draft model on the CPU: a cheaper draft at no cost to exactness.
+"""Draft-model weights (`draft_format`), and torch's int8 kernel: where quant/'s packed layers cannot run
+(no x86-64 with AVX2, no C compiler), `--weights int8` / `--draft-weights int8` use Int8Linear below.
 
+A cheaper draft costs nothing in exactness.
 A draft's tokens only decide how many of them the target accepts; the target verifies every one, so the draft
 may compute more roughly than the target (with sampling, q is the distribution the int8 draft really drew
 from, so rejection sampling stays exact). On the CPU a draft pass is bound by reading its weights, and int8

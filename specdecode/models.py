@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .quant.weights import FLOAT_DTYPES, WEIGHTS, WeightsError, apply as apply_weights, resolve
+from .quant.weights import FLOAT_DTYPES, WeightsError, apply as apply_weights, resolve
 from .model_packages import PACKAGED, PackageError, assembled_path, default_dtype, default_weights, gguf_path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"

@@ -5,8 +5,7 @@ import argparse
 import shlex
 import sys
 
-from ..quant.weights import DRAFT_WEIGHTS
-from ..models import WEIGHTS
+from ..quant.weights import DRAFT_WEIGHTS, WEIGHTS
 from .harness import BenchConfig, benchmark
 from .methods import SCHEDULES, available
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig
-from ..models import WEIGHTS, load_model, model_dtype, parse_dtype
-from ..quant.weights import FLOAT_DTYPES, describe as describe_weights
+from ..models import load_model, model_dtype, parse_dtype
+from ..quant.weights import FLOAT_DTYPES, WEIGHTS, describe as describe_weights
 from . import methods as methods_mod
 from .methods import BASELINE, BenchModel, PeerOptions
 from .prompts import BUILTIN_NAME, categories, load_prompts, select

@@ -22,7 +22,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch  # noqa: F401  (loads torch's OpenMP runtime before the kernel library opens)
+import torch
+
+_OPENMP_LOADED_BY = torch.__name__  # torch loads its OpenMP runtime, which the kernel library then shares
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")

@@ -165,3 +165,15 @@ def test_row_exact_attention_matches_sdpa_and_is_row_independent():
     seen = [0, 1, 2, 3, 4, 5, 6, 7, 9]  # node 2 alone over its visible keys only
     alone, _ = row_exact_forward(module, query[:, :, 2:3], key[:, :, seen], value[:, :, seen], None)
     assert torch.equal(alone[0, 0], exact[0, 2])
+
+
+def test_the_kernel_builds_into_an_empty_cache(tmp_path, monkeypatch):
+    """A fresh machine compiles kernels.c on first use, into the user cache; a missing compiler is one line."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    built = native._build()
+    assert built.is_file() and built.parent == tmp_path / "kernels"
+    assert native._build() == built  # reused, not rebuilt
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    built.unlink()
+    with pytest.raises(native.KernelUnavailable, match="needs a C compiler"):
+        native._build()
