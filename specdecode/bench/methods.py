@@ -7,6 +7,8 @@
   the draft with the weights our draft-model drafter drafts with: an int8 copy on the CPU, see `same_draft`)
   and `hf-early-exit` (assistant_early_exit = our layer-skip's exit layer). They run with transformers'
   defaults except the knobs in PeerOptions (draft length, draft-length schedule).
+- `llamacpp`: llama.cpp on the model's GGUF, when llama-cpp-python is installed (llamacpp.py); its outputs are
+  not compared (its own arithmetic).
 - ours: `specdecode-<name>` for every drafter in specdecode.drafters.registry() (drafters that need a draft
   model are skipped without one), each an Engine over the same model.
 
@@ -34,6 +36,7 @@ from ..quant.weights import apply as apply_weights
 from ..models import ModelError
 from ..pass_cost import synchronize
 from ..target import Target
+from . import llamacpp
 
 BASELINE = "hf-generate"
 OURS_PREFIX = "specdecode-"
@@ -124,6 +127,7 @@ def available(has_draft: bool) -> list[str]:
         names += DRAFT_PEERS
     names.append("hf-early-exit")
     names += [OURS_PREFIX + name for name, spec in registry().items() if has_draft or not spec.needs_draft_model]
+    names.append(llamacpp.NAME)
     return names
 
 
@@ -186,7 +190,14 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                  "num_assistant_tokens_schedule": options.assistant_schedule}
     methods = []
     for name in names:
-        if name in hf:
+        if name == llamacpp.NAME:
+            reason = llamacpp.unavailable(bench.name)
+            if reason:
+                skipped[name] = reason
+            else:
+                methods.append(Method(name, "llamacpp", llamacpp.runner(bench.name, eos),
+                                      {"gguf": str(llamacpp.gguf_file(bench.name))}))
+        elif name in hf:
             kind = "baseline" if name == BASELINE else "transformers"
             params = {k: (bench.draft_spec if k == "assistant_model" else v) for k, v in hf[name].items()}
             if name in drafts:

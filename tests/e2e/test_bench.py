@@ -322,3 +322,56 @@ def test_sampling_run_reports_speed_and_tau_but_no_lossless_check(tmp_path, tiny
     for row in results["results"]:
         assert row["lossless_prompts"] is None and row["bugs"] is None
         assert row["tokens_per_s"] > 0 and row["tau"] >= 1.0
+
+
+def test_llamacpp_peer_is_skipped_with_one_line_when_absent(tiny_model_dir, monkeypatch):
+    """Without llama-cpp-python the peer says so and is skipped; a model with no GGUF too."""
+    import sys
+
+    from specdecode.bench import llamacpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails, installed or not
+    assert "not installed" in llamacpp.unavailable("smollm2-135m-instruct")
+    bench = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir))
+    skipped: dict[str, str] = {}
+    methods = methods_mod.build_methods(bench, [BASELINE, llamacpp.NAME], methods_mod.PeerOptions(), skipped=skipped)
+    assert [m.name for m in methods] == [BASELINE] and "not installed" in skipped[llamacpp.NAME]
+
+
+def test_llamacpp_peer_runs_the_gguf_and_is_not_compared(tiny_model_dir, monkeypatch, tmp_path):
+    """With the package (a stand-in here: CI does not build llama.cpp), the peer decodes the model's GGUF from
+    our prompt ids, stops at EOS or the budget, and its outputs are timed but not checked against the baseline."""
+    import sys
+    import types
+
+    from specdecode.bench import llamacpp
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = {}
+
+    class FakeLlama:
+        def __init__(self, model_path, n_ctx, n_threads, verbose):
+            calls["path"] = model_path
+
+        def token_eos(self):
+            return 2
+
+        def set_seed(self, seed):
+            pass
+
+        def generate(self, tokens, **kwargs):
+            calls["prompt"], calls["kwargs"] = list(tokens), kwargs
+            yield from [5, 6, 7, 2, 9]
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    monkeypatch.setattr(llamacpp, "gguf_file", lambda name: gguf)
+    bench = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir))
+    methods = methods_mod.build_methods(bench, [BASELINE, llamacpp.NAME], methods_mod.PeerOptions())
+    assert [m.name for m in methods] == [BASELINE, llamacpp.NAME] and calls["path"] == str(gguf)
+    questions = parse_prompts(json.dumps(PROMPTS[1]))
+    records = run_bench(methods, questions, bench.tokenizer, bench.model,
+                        BenchSettings(max_new_tokens=12, progress=False, warmup=False))
+    peer = [r for r in records if r.method == llamacpp.NAME][0]
+    assert peer.generation.ids == [5, 6, 7, 2] and peer.identical is None and peer.mismatch is None
+    assert calls["kwargs"]["temp"] == 0.0 and calls["kwargs"]["top_k"] == 1

@@ -1,0 +1,61 @@
+"""`llamacpp`: llama.cpp as a peer in the benchmark, through `llama-cpp-python` (an optional extra: `pip install
+llama-cpp-python==0.3.36`, which builds llama.cpp from source; CI does not). It decodes the model's own GGUF
+file with its own kernels, greedy (or sampling at --temperature), on the prompt ids our tokenizer made (the
+same vocabulary). Its arithmetic is its own, so its outputs are not compared with the baseline's: the report
+shows its speed only. Absent package or a model without a GGUF: the method is skipped with one line."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+NAME = "llamacpp"
+INSTALL = "pip install llama-cpp-python==0.3.36"
+CONTEXT = 8192  # tokens of llama.cpp's cache: the longest multi-turn prompt plus its answer
+
+
+def unavailable(model_name: str | None) -> str | None:
+    """Why the peer cannot run for this model (None: it can)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return f"{NAME}: not installed ({INSTALL}), skipped"
+    try:
+        gguf_file(model_name)
+    except ValueError as error:
+        return f"{NAME}: {error}, skipped"
+    return None
+
+
+def gguf_file(model_name: str | None) -> Path:
+    from ..models import gguf_source
+
+    return gguf_source(model_name)
+
+
+def runner(model_name: str | None, eos: list[int]) -> Callable:
+    """A bench run function (prompt ids, RunSettings) -> Generation over llama.cpp, loaded once."""
+    from llama_cpp import Llama
+
+    from .methods import Generation
+
+    llm = Llama(model_path=str(gguf_file(model_name)), n_ctx=CONTEXT, n_threads=torch.get_num_threads(),
+                verbose=False)
+    stops = set(eos) | {llm.token_eos()}
+
+    def run(prompt: list[int], settings) -> Generation:
+        sampling = ({"temp": 0.0, "top_k": 1} if settings.greedy else
+                    {"temp": settings.temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0})
+        if settings.seed is not None:
+            llm.set_seed(settings.seed)
+        ids: list[int] = []
+        start = time.perf_counter()
+        for token in llm.generate(prompt, reset=True, repeat_penalty=1.0, **sampling):
+            ids.append(int(token))
+            if token in stops or len(ids) >= settings.max_new_tokens:
+                break
+        return Generation(ids, time.perf_counter() - start, passes=None)
+
+    return run
