@@ -5,6 +5,7 @@ same vocabulary). Its arithmetic is its own, so its outputs are not compared wit
 shows its speed only. Absent package or a model without a GGUF: the method is skipped with one line."""
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,7 +20,7 @@ CONTEXT = 8192  # tokens of llama.cpp's cache: the longest multi-turn prompt plu
 def unavailable(model_name: str | None) -> str | None:
     """Why the peer cannot run for this model (None: it can)."""
     try:
-        import llama_cpp  # noqa: F401
+        importlib.import_module("llama_cpp")
     except ImportError:
         return f"{NAME}: not installed ({INSTALL}), skipped"
     try:
