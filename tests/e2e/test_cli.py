@@ -54,7 +54,7 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--drafter", "prompt-lookup", "--lookahead", "1,4,1", "hi"], "--lookahead has no effect"),
     (["generate", "--drafter", "none", "--draft-model", "x", "hi"], "--draft-model has no effect"),
     (["generate", "--draft-weights", "int8", "hi"], "--draft-weights has no effect"),
-    (["generate", "--weights", "int4", "hi"], "invalid choice"),
+    (["generate", "--weights", "int3", "hi"], "invalid choice"),
     (["bench", "--weights", "fp8"], "invalid choice"),
     (["generate", "--drafter", "eagle", "--confidence", "0.5", "hi"], "--confidence has no effect"),
     (["generate", "--max-k", "8", "hi"], "--max-k has no effect without --adaptive"),
