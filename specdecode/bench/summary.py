@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from .llamacpp import NAME as LLAMACPP
 from .methods import BASELINE
 from .runner import Record
 
@@ -79,7 +80,8 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         "near_ties": None,
         "bugs": None,
     }
-    if greedy:  # the baseline's records carry identical=None: it is the reference
+    compared = not all(r.method == LLAMACPP for r in cell)  # llama.cpp's outputs are timed, not compared
+    if greedy and compared:  # the baseline's records carry identical=None: it is the reference
         row["lossless_prompts"] = sum(all(r.identical is not False for r in rs) for rs in questions.values())
         row["mismatches"] = len(mismatched)
         row["near_ties"] = sum(r.mismatch is not None and r.mismatch.kind == "near-tie" for r in mismatched)

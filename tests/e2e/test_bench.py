@@ -374,4 +374,7 @@ def test_llamacpp_peer_runs_the_gguf_and_is_not_compared(tiny_model_dir, monkeyp
                         BenchSettings(max_new_tokens=12, progress=False, warmup=False))
     peer = [r for r in records if r.method == llamacpp.NAME][0]
     assert peer.generation.ids == [5, 6, 7, 2] and peer.identical is None and peer.mismatch is None
+    row = [r for r in summarise(records, [BASELINE, llamacpp.NAME], ["code"], greedy=True)
+           if r["method"] == llamacpp.NAME and r["category"] == "overall"][0]
+    assert row["lossless_prompts"] is None and row["bugs"] is None and row["tokens_per_s"] > 0
     assert calls["kwargs"]["temp"] == 0.0 and calls["kwargs"]["top_k"] == 1
