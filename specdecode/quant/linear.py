@@ -171,15 +171,26 @@ class HalfEmbedding(nn.Module):
         return nn.functional.embedding(ids, self.table).float()
 
 
-def pack_model(model: nn.Module, fmt: str, head_fmt: str | None = None) -> int:
-    """Replace, in place, every nn.Linear of `model` that fits the layout by a PackedLinear in `fmt` (the output
-    head in `head_fmt`, default `fmt`), and float32 input embeddings by a HalfEmbedding -> layers packed."""
+def pack_model(model: nn.Module, fmt: str | None = None, head_fmt: str | None = None,
+               by_path: dict[str, str | None] | None = None) -> int:
+    """Replace, in place, every nn.Linear of `model` that fits the layout by a PackedLinear, and float32 input
+    embeddings by a HalfEmbedding -> layers packed. The format is `fmt` (the output head's `head_fmt`, default
+    `fmt`), or with `by_path` the one it gives the layer's module path or a suffix of it ("layers.3.mlp.up_proj",
+    "lm_head"; None keeps that layer float: weights.gguf_formats)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     packed = 0
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and packable(child):
-                setattr(parent, name, PackedLinear(child, (head_fmt or fmt) if child is head else fmt))
+            if not (isinstance(child, nn.Linear) and packable(child)):
+                continue
+            if by_path is not None:
+                path = f"{parent_name}.{name}" if parent_name else name
+                layer_fmt = next((f for suffix, f in by_path.items() if path == suffix or path.endswith("." + suffix)),
+                                 None)
+            else:
+                layer_fmt = (head_fmt or fmt) if child is head else fmt
+            if layer_fmt is not None:
+                setattr(parent, name, PackedLinear(child, layer_fmt))
                 packed += 1
     if packed and hasattr(model, "get_input_embeddings"):
         embeddings = model.get_input_embeddings()

@@ -63,7 +63,6 @@ def unavailable(fmt: str, device: str) -> str | None:
         return None
     if fmt == "int8":
         from ..int8_draft import kernel_missing
-        import torch
 
         return None if kernel_missing(torch.device("cpu")) is None else missing
     return missing
@@ -87,7 +86,7 @@ def apply(model: nn.Module, fmt: str, gguf_file: Path | None = None) -> str:
     elif fmt == "gguf":
         if gguf_file is None:
             raise WeightsError("weights gguf need a GGUF model (a packaged model or a .gguf file)")
-        pack_gguf_like(model, gguf_formats(gguf_file))
+        pack_model(model, by_path=gguf_formats(gguf_file))
     return fmt
 
 
@@ -107,24 +106,6 @@ def gguf_formats(path: Path) -> dict[str, str | None]:
     if head is not None:
         formats["lm_head"] = None if head in ("F32", "F16", "BF16") else "q4" if head in _Q4_TYPES else "q8"
     return formats
-
-
-def pack_gguf_like(model: nn.Module, formats: dict[str, str | None]) -> int:
-    """Pack each linear layer in the format `formats` gives its module path (gguf_formats)."""
-    from .linear import HalfEmbedding, PackedLinear, packable
-
-    packed = 0
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            path = f"{parent_name}.{name}" if parent_name else name
-            fmt = next((f for suffix, f in formats.items() if path == suffix or path.endswith("." + suffix)), None)
-            if isinstance(child, nn.Linear) and fmt is not None and packable(child):
-                setattr(parent, name, PackedLinear(child, fmt))
-                packed += 1
-    embeddings = model.get_input_embeddings()
-    if packed and isinstance(embeddings, nn.Embedding) and embeddings.weight.dtype == torch.float32:
-        model.set_input_embeddings(HalfEmbedding(embeddings))
-    return packed
 
 
 def describe(model: nn.Module) -> str:

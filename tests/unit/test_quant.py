@@ -177,3 +177,13 @@ def test_the_kernel_builds_into_an_empty_cache(tmp_path, monkeypatch):
     built.unlink()
     with pytest.raises(native.KernelUnavailable, match="needs a C compiler"):
         native._build()
+
+
+def test_pack_model_by_path_packs_only_what_the_formats_name():
+    """`--weights gguf`: each layer in the format its GGUF tensor maps to; unnamed (or float) layers stay float."""
+    model = tiny_llama(vocab_size=264, layers=2, seed=3)
+    assert pack_model(model, by_path={"layers.0.mlp.down_proj": "q8", "layers.1.self_attn.q_proj": None,
+                                      "lm_head": "q4"}) == 2
+    assert model.model.layers[0].mlp.down_proj.fmt == "q8" and model.get_output_embeddings().fmt == "q4"
+    assert isinstance(model.model.layers[1].self_attn.q_proj, nn.Linear)
+    assert isinstance(model.model.layers[0].mlp.up_proj, nn.Linear)
