@@ -88,3 +88,22 @@ def test_first_tokens_follow_a_quantized_target(name, weights):
     spec = SpecConfig(k=2)
     engine = Engine(quantized, build(name, quantized, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
+def test_broken_verifier_is_detected_on_an_int4_target(name, monkeypatch):
+    """The quantized-target test above can fail: with the residual replaced by p it rejects."""
+    from specdecode.models import exact_attention
+    from specdecode.quant import native
+    from specdecode.quant.weights import apply
+
+    if native.missing():
+        pytest.skip(native.missing())
+    quantized = tiny_target()
+    apply(quantized.model, "int4")
+    exact_attention(quantized.model)
+    quantized = Target(quantized.model)
+    spec = SpecConfig(k=2)
+    monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
+    engine = Engine(quantized, build(name, quantized, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) < 1e-4
