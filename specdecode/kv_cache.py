@@ -295,6 +295,16 @@ class RollbackCache(Cache):
     def _has_row(layer, row: int) -> bool:
         return layer.is_initialized if isinstance(layer, _SlotLayer) else row in layer.buffers
 
+    def row_buffers(self, layer_idx: int, ends: list[int], like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Dynamic: one layer's buffers [kv_heads, capacity, head_dim] for the rows of this pass (`prepare`),
+        grown to hold ends[b] slots, for a forward that writes and reads them itself (quant/decoder.py).
+        like: [1, kv_heads, 0, head_dim] in the keys' dtype."""
+        if self.static:
+            raise ValueError("row buffers are the dynamic cache's; a static cache is read whole")
+        layer = self.layers[layer_idx]
+        layer.is_initialized = True
+        return [layer._grown(row, end, like) for row, end in zip(self._row_list, ends)]
+
     def rows_written(self, layer_idx: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         """Per-row attention's view of a layer after this pass's write: per batch row, its keys and values
         [kv_heads, S, head_dim] and how many slots attention reads."""

@@ -14,6 +14,7 @@ from .cpu_gemm import SkinnyLinears, helps
 from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
 from .pass_cost import measure_row_cost
+from .quant.decoder import PackedDecoder, unsupported as packed_decoder_unsupported
 from .trees import Block, build_block
 
 
@@ -74,10 +75,12 @@ class Target:
     """The model being decoded (also used by drafters that run a model: draft-model, layer-skip).
 
     skinny_gemm: compute linear layers as W @ X^T in our passes, compiled ones too (cpu_gemm); None = measure
-    on this machine and use it where it is faster (CPU only)."""
+    on this machine and use it where it is faster (CPU only).
+    packed_decoder: run a packed (int4/int8/gguf) Llama-family model's decoder layers natively, one call a
+    layer (quant/decoder.py), on the dynamic cache; None = wherever it can run, False = the model's own forward."""
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None,
-                 skinny_gemm: bool | None = None):
+                 skinny_gemm: bool | None = None, packed_decoder: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.fast = fast or FastPathConfig()
@@ -104,12 +107,21 @@ class Target:
         self._per_row_attention = per_row_attention_applies(config) and _layers_know_their_index(model)
         use_skinny = helps(model) if skinny_gemm is None else skinny_gemm
         self._skinny = SkinnyLinears(model) if use_skinny and self.device.type == "cpu" else None
+        native = packed_decoder is not False and self.device.type == "cpu" and packed_decoder_unsupported(model) is None
+        if packed_decoder and not native:
+            raise ValueError(f"packed decoder unavailable: {packed_decoder_unsupported(model) or 'not on the CPU'}")
+        self._packed = PackedDecoder(model) if native else None
 
     @property
     def block_device(self) -> torch.device:
         """Where the engine builds its blocks: on the CPU for the fast path, which pads them there and copies
         each tensor to the device once (a dozen small device ops per step cost more host time on CUDA)."""
         return torch.device("cpu") if self.fast.enabled else self.device
+
+    @property
+    def packed_decoder(self) -> bool:
+        """Whether passes over the dynamic cache run the decoder layers natively (quant/decoder.py)."""
+        return self._packed is not None
 
     @property
     def skinny_gemm(self) -> bool:
@@ -136,6 +148,10 @@ class Target:
         hidden: bool = False,
         num_layers: int | None = None,  # run only the first num_layers decoder layers (layer skip)
     ) -> ForwardOutput:
+        if self._packed is not None and not cache.static:
+            out = self._packed.forward(cache, rows, block.input_ids, block.positions, block.slots, block.mask,
+                                       keep_last=keep == "last", num_layers=num_layers)
+            return ForwardOutput(out.logits, out.hidden if hidden else None)
         fn, q = self.model, block.input_ids.shape[1]
         if cache.static:
             bucket = bucket_for(q, self.fast.buckets)

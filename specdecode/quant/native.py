@@ -1,4 +1,4 @@
-"""The native kernel of the quantized linear layers (kernels.c), compiled on first use and loaded with ctypes.
+"""The native kernels of the quantized linear layers (kernels.c) and decoder layers (layers.c), compiled on first use and loaded with ctypes.
 
 Why a kernel of our own: on the AVX2 CPUs we decode on, torch's weight-only kernels (`_weight_int8pack_mm`,
 `_weight_int4pack_mm_for_cpu`) dequantise weights to bf16 and multiply in emulated bf16, which is compute-bound
@@ -26,7 +26,7 @@ import torch
 
 _OPENMP_LOADED_BY = torch.__name__  # torch loads its OpenMP runtime, which the kernel library then shares
 
-SOURCE = Path(__file__).with_name("kernels.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernels.c", "layers.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma", "f16c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -34,6 +34,7 @@ _SIGNATURES = {
     "quantize_activations": [_P, _I, _I, _P, _P, _P],
     "gemm_q4": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I],
     "gemm_q8": [_P, _P, _I, _I, _P, _P, _I, _P, _I],
+    "decoder_layer": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P],
 }
 
 
@@ -83,7 +84,7 @@ def _cpu_flags() -> set[str]:
 def _build() -> Path:
     from ..models import cache_root
 
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     compiler = os.environ.get("CC", "cc")
     key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / f"quant-{key}.so"
@@ -95,7 +96,7 @@ def _build() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         built = Path(work) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True, text=True)
         if result.returncode != 0:
             first = (result.stderr.strip().splitlines() or ["no output"])[0]
             raise KernelUnavailable(f"compiling the quantized kernel failed: {first}")

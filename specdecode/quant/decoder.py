@@ -1,0 +1,157 @@
+"""A packed Llama-family model's decoder layers run by layers.c, one native call per layer.
+
+Why not the model's own forward: on a one-token pass, transformers' eager decoder layer is ~50 small torch
+operations plus seven linear layers that each quantize their input; for a packed model that dispatch costs
+more than reading the weights (SmolLM2 135M int4: ~40 ms a pass, ~6 ms of it packed weights; Qwen2.5 1.5B:
+~28 of ~88 ms). The embedding, rotary tables, final norm and head stay the model's own modules; what layers.c
+replaces is exactly a Llama / Qwen2 decoder layer (RMSNorm, q/k/v with optional bias, rotate-half RoPE,
+grouped-query attention, o, RMSNorm, SiLU-gated MLP), read from the model's modules, never copied.
+
+A row's arithmetic does not depend on the rest of its pass (layers.c), so the packed model decodes to the same
+tokens whether a token is verified alone or in a tree; transformers' forward on the same modules is the same
+model up to rounding (tests/unit/test_packed_decoder.py)."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import native
+from .linear import BLOCK, PackedLinear
+
+ARCHITECTURES = ("llama", "qwen2")
+_PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class _QLinear(ctypes.Structure):
+    _fields_ = [("q4", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("codes", ctypes.c_void_p),
+                ("d", ctypes.c_void_p), ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [*((name, _QLinear) for name in _PROJECTIONS), ("norm_in", ctypes.c_void_p),
+                ("norm_post", ctypes.c_void_p), ("eps", ctypes.c_float), ("heads", ctypes.c_int64),
+                ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("hidden", ctypes.c_int64),
+                ("inter", ctypes.c_int64)]
+
+
+class _Scratch(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in ("xq", "xd", "xs", "h", "q", "k", "v", "att", "g", "u", "out")]
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why layers.c cannot run this model's decoder layers (None: it can)."""
+    config = model.config
+    if getattr(config, "model_type", None) not in ARCHITECTURES:
+        return f"architecture {getattr(config, 'model_type', None)!r} is not one of {', '.join(ARCHITECTURES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not silu"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "the model has sliding-window layers"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "the model uses a sliding window"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "the model has no decoder layer list or rotary embedding"
+    for layer in inner.layers:
+        linears = [*(getattr(layer.self_attn, f"{p}_proj", None) for p in ("q", "k", "v", "o")),
+                   *(getattr(layer.mlp, f"{p}_proj", None) for p in ("gate", "up", "down"))]
+        if not all(isinstance(linear, PackedLinear) for linear in linears):
+            return "not every decoder linear layer is packed"
+    if native.missing():
+        return native.missing()
+    return None
+
+
+def _qlinear(linear: PackedLinear) -> _QLinear:
+    return _QLinear(int(linear.fmt == "q4"), linear.out_features, linear.in_features, linear.codes.data_ptr(),
+                    linear.d.data_ptr(), 0 if linear.m is None else linear.m.data_ptr(),
+                    0 if linear.bias is None else linear.bias.data_ptr())
+
+
+@dataclass(frozen=True)
+class DecoderOutput:
+    logits: torch.Tensor  # [b, q_kept, vocab]
+    hidden: torch.Tensor  # [b, q, hidden] after the final norm
+
+
+class PackedDecoder:
+    """The decoder of a packed Llama-family model, over a dynamic RollbackCache (see the module docstring)."""
+
+    def __init__(self, model: nn.Module):
+        reason = unsupported(model)
+        if reason:
+            raise ValueError(f"packed decoder unavailable: {reason}")
+        self.model, inner, config = model, model.model, model.config
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.head = model.get_output_embeddings()
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.hidden, self.inter = config.hidden_size, config.intermediate_size
+        self._keep: list[torch.Tensor] = []  # norm weights in float32, alive as long as the structs point at them
+        self.layers = [self._layer(layer, config) for layer in inner.layers]
+        self._lib = native.library()
+
+    def _layer(self, layer: nn.Module, config) -> _Layer:
+        attention, mlp = layer.self_attn, layer.mlp
+        norms = [norm.weight.detach().float().contiguous() for norm in (layer.input_layernorm,
+                                                                         layer.post_attention_layernorm)]
+        self._keep.extend(norms)
+        projections = {p: _qlinear(getattr(attention, f"{p}_proj")) for p in ("q", "k", "v", "o")}
+        projections.update({p: _qlinear(getattr(mlp, f"{p}_proj")) for p in ("gate", "up", "down")})
+        eps = getattr(layer.input_layernorm, "variance_epsilon", None) or config.rms_norm_eps
+        return _Layer(**projections, norm_in=norms[0].data_ptr(), norm_post=norms[1].data_ptr(), eps=eps,
+                      heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, hidden=self.hidden,
+                      inter=self.inter)
+
+    @torch.inference_mode()
+    def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
+                slots: torch.Tensor, mask: torch.Tensor, keep_last: bool = False,
+                num_layers: int | None = None) -> DecoderOutput:
+        # input_ids, positions, slots: [b, q]; mask: [b, 1, q, kv_len] bool (True = visible)
+        b, q = input_ids.shape
+        rows_total, kv_len = b * q, mask.shape[-1]
+        x = self.embed(input_ids).float().reshape(rows_total, self.hidden).contiguous()  # [R, hidden]
+        cos, sin = self.rotary(x[None], positions)  # [b, q, head_dim] each
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        slot_list = slots.reshape(-1).to(torch.int64).contiguous()  # [R]
+        visible = mask.reshape(rows_total, kv_len).contiguous().view(torch.uint8)  # [R, kv_len]
+        ends = (slots.max(dim=1).values + 1).tolist()
+        cache.prepare(rows, slots, kv_len)
+        if b == 1:
+            ends = [max(ends[0], kv_len)]
+        scratch, keepalive = self._scratch(rows_total)
+        like = x.new_empty(1, self.kv_heads, 0, self.head_dim)
+        layers = self.layers[: num_layers or len(self.layers)]
+        for index, layer in enumerate(layers):
+            buffers = cache.row_buffers(index, ends, like)  # per batch row: keys, values [kv_heads, cap, head_dim]
+            kbase = torch.tensor([keys.data_ptr() for keys, _ in buffers], dtype=torch.int64)
+            vbase = torch.tensor([values.data_ptr() for _, values in buffers], dtype=torch.int64)
+            capacity = torch.tensor([keys.shape[1] for keys, _ in buffers], dtype=torch.int64)
+            self._lib.decoder_layer(ctypes.addressof(layer), x.data_ptr(), rows_total, q, cos.data_ptr(),
+                                    sin.data_ptr(), kbase.data_ptr(), vbase.data_ptr(), capacity.data_ptr(),
+                                    slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch))
+        states = self.norm(x.reshape(b, q, self.hidden))  # [b, q, hidden]
+        kept = states[:, -1:] if keep_last else states  # [b, q_kept, hidden]
+        if isinstance(self.head, PackedLinear):
+            logits = self.head(kept)
+        else:  # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
+            flat = kept.reshape(-1, self.hidden)
+            logits = torch.stack([self.head(row) for row in flat]).reshape(*kept.shape[:2], -1)
+        del keepalive
+        return DecoderOutput(logits, states)
+
+    def _scratch(self, rows: int) -> tuple[_Scratch, list[torch.Tensor]]:
+        widest = max(self.hidden, self.inter, self.heads * self.head_dim)
+        qd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        tensors = {
+            "xq": torch.empty(rows, widest, dtype=torch.int8),
+            "xd": torch.empty(rows, widest // BLOCK), "xs": torch.empty(rows, widest // BLOCK),
+            "h": torch.empty(rows, self.hidden), "q": torch.empty(rows, qd), "k": torch.empty(rows, kvd),
+            "v": torch.empty(rows, kvd), "att": torch.empty(rows, qd), "g": torch.empty(rows, self.inter),
+            "u": torch.empty(rows, self.inter), "out": torch.empty(rows, self.hidden),
+        }
+        return _Scratch(**{name: t.data_ptr() for name, t in tensors.items()}), list(tensors.values())

@@ -1,0 +1,184 @@
+/* One decoder layer of a Llama-family model (Llama, Qwen2) over packed weights, in one call.
+
+transformers' eager layer is ~50 small torch operations and seven linear layers, each a Python call that
+quantizes its own input: at a one-token pass that dispatch is most of the time for a small model (SmolLM2 135M:
+~40 ms a pass, of which the packed weights take ~6). Here a layer is one call: the input is quantized once
+per use (q/k/v share it, gate/up share it), and norms, rotary embedding, attention and the gated MLP are plain
+loops over the rows.
+
+Every row's arithmetic is its own, in a fixed order: the linear layers' rows are independent (kernels.c) and
+a row attends over exactly the cache slots its mask shows, in slot order, with one softmax per head. So a
+verify pass of k tokens gives each token the bits a one-token pass gives it, and speculative output equals
+plain decoding of the same model.
+
+Layout: x [R, hidden] is the residual stream (updated in place); rows r = b * q + t for batch row b. Keys and
+values of batch row b live in its own buffers [kv_heads, cap[b], head_dim] (kv_cache.py); row r writes slot
+slot[r] and reads the slots j < kv_len with mask[r * kv_len + j] != 0. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void quantize_activations(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scale, float *sums);
+void gemm_q4(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
+             const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride);
+void gemm_q8(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
+             int64_t rows, float *out, int64_t out_stride);
+
+typedef struct {
+    int64_t q4; /* 1: q4 codes with d and m; 0: q8 codes with d */
+    int64_t n, k;
+    const void *codes;
+    const uint16_t *d, *m;
+    const float *bias; /* [n] or NULL */
+} qlinear;
+
+typedef struct {
+    qlinear q, k, v, o, gate, up, down;
+    const float *norm_in, *norm_post; /* [hidden] */
+    float eps;
+    int64_t heads, kv_heads, head_dim, hidden, inter;
+} decoder_layer_t;
+
+typedef struct { /* per-pass scratch, sized by the caller for R rows */
+    int8_t *xq;     /* [R, max(hidden, inter)] */
+    float *xd, *xs; /* [R, max(hidden, inter) / 32] */
+    float *h;       /* [R, hidden] normed input */
+    float *q, *k, *v; /* [R, heads * head_dim], [R, kv_heads * head_dim] x 2 */
+    float *att;     /* [R, heads * head_dim] */
+    float *g, *u;   /* [R, inter] */
+    float *out;     /* [R, hidden] */
+} scratch_t;
+
+/* y[r, :] = (x[r, :] quantized) @ W^T (+ bias), given x already quantized into s->xq/xd/xs with k columns. */
+static void linear(const qlinear *w, const scratch_t *s, int64_t rows, float *y) {
+    if (w->q4)
+        gemm_q4((const uint8_t *)w->codes, w->d, w->m, w->n, w->k, s->xq, s->xd, s->xs, rows, y, w->n);
+    else
+        gemm_q8((const int8_t *)w->codes, w->d, w->n, w->k, s->xq, s->xd, rows, y, w->n);
+    if (w->bias)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < w->n; c++) y[r * w->n + c] += w->bias[c];
+}
+
+/* h = x / sqrt(mean(x^2) + eps) * weight, per row (transformers' RMSNorm in float32) */
+static void rms_norm(const float *x, const float *weight, float eps, int64_t rows, int64_t n, float *h) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) sum += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(sum / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) h[r * n + i] = weight[i] * (xr[i] * inv);
+    }
+}
+
+/* rotate pairs (i, i + d/2) of every head: x * cos + rotate_half(x) * sin, cos/sin [R, head_dim] */
+static void rotary(float *x, const float *cos, const float *sin, int64_t rows, int64_t heads, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t hh = 0; hh < heads; hh++) {
+            float *v = x + (r * heads + hh) * d;
+            const float *c = cos + r * d, *sn = sin + r * d;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * sn[i];
+                v[i + half] = b * c[i + half] + a * sn[i + half];
+            }
+        }
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float total = _mm_cvtss_f32(s);
+    for (; i < n; i++) total += a[i] * b[i];
+    return total;
+}
+
+/* att[r, h, :] = softmax(q[r, h] . K_j * scale over visible j) @ V_j, for every row and head */
+static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
+                   float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len) {
+    const int64_t heads = L->heads, d = L->head_dim, groups = L->heads / L->kv_heads;
+    const float scale = 1.0f / sqrtf((float)d);
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * (kv_len > 0 ? kv_len : 1));
+        int32_t *seen = malloc(sizeof(int32_t) * (kv_len > 0 ? kv_len : 1));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t hh = 0; hh < heads; hh++) {
+                const int64_t b = r / q_len, kvh = hh / groups;
+                const float *keys = kbase[b] + kvh * cap[b] * d, *values = vbase[b] + kvh * cap[b] * d;
+                const uint8_t *visible = mask + r * kv_len;
+                const float *query = s->q + (r * heads + hh) * d;
+                int64_t n = 0;
+                float best = -INFINITY;
+                for (int64_t j = 0; j < kv_len; j++) {
+                    if (!visible[j]) continue;
+                    const float score = dot(query, keys + j * d, d) * scale;
+                    scores[n] = score;
+                    seen[n++] = (int32_t)j;
+                    if (score > best) best = score;
+                }
+                float total = 0.0f;
+                for (int64_t i = 0; i < n; i++) {
+                    scores[i] = expf(scores[i] - best);
+                    total += scores[i];
+                }
+                const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+                float *out = s->att + (r * heads + hh) * d;
+                for (int64_t e = 0; e < d; e++) out[e] = 0.0f;
+                for (int64_t i = 0; i < n; i++) {
+                    const float p = scores[i] * inv;
+                    const float *value = values + (int64_t)seen[i] * d;
+                    for (int64_t e = 0; e < d; e++) out[e] += p * value[e];
+                }
+            }
+        free(scores);
+        free(seen);
+    }
+}
+
+/* One layer over R = b * q_len rows; x [R, hidden] updated in place; cos/sin [R, head_dim]. */
+void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t q_len, const float *cos,
+                   const float *sin, float *const *kbase, float *const *vbase, const int64_t *cap,
+                   const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s) {
+    const int64_t H = L->hidden, d = L->head_dim, kvd = L->kv_heads * d;
+    /* attention */
+    rms_norm(x, L->norm_in, L->eps, rows, H, s->h);
+    quantize_activations(s->h, rows, H, s->xq, s->xd, s->xs);
+    linear(&L->q, s, rows, s->q);
+    linear(&L->k, s, rows, s->k);
+    linear(&L->v, s, rows, s->v);
+    rotary(s->q, cos, sin, rows, L->heads, d);
+    rotary(s->k, cos, sin, rows, L->kv_heads, d);
+    for (int64_t r = 0; r < rows; r++) { /* write this pass's keys and values before anyone reads them */
+        const int64_t b = r / q_len;
+        for (int64_t kvh = 0; kvh < L->kv_heads; kvh++) {
+            memcpy(kbase[b] + (kvh * cap[b] + slot[r]) * d, s->k + r * kvd + kvh * d, sizeof(float) * d);
+            memcpy(vbase[b] + (kvh * cap[b] + slot[r]) * d, s->v + r * kvd + kvh * d, sizeof(float) * d);
+        }
+    }
+    attend(L, s, rows, q_len, kbase, vbase, cap, mask, kv_len);
+    quantize_activations(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);
+    linear(&L->o, s, rows, s->out);
+    for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
+    /* gated MLP */
+    rms_norm(x, L->norm_post, L->eps, rows, H, s->h);
+    quantize_activations(s->h, rows, H, s->xq, s->xd, s->xs);
+    linear(&L->gate, s, rows, s->g);
+    linear(&L->up, s, rows, s->u);
+    const int64_t I = L->inter;
+    for (int64_t i = 0; i < rows * I; i++) {
+        const float g = s->g[i];
+        s->g[i] = g / (1.0f + expf(-g)) * s->u[i];
+    }
+    quantize_activations(s->g, rows, I, s->xq, s->xd, s->xs);
+    linear(&L->down, s, rows, s->out);
+    for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
+}

@@ -1,0 +1,116 @@
+"""The native decoder layers of packed Llama-family models (quant/decoder.py, quant/layers.c): the same model
+as transformers' forward over the same modules (up to rounding), and every row's bits independent of its pass."""
+import copy
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from specdecode.quant import native
+from specdecode.quant.weights import apply
+from specdecode.target import Target
+from specdecode.trees import build_block
+from tests.tiny import tiny_llama
+
+pytestmark = pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
+
+
+def tiny_qwen2() -> Qwen2ForCausalLM:
+    """Qwen2's layer differs from Llama's by its q/k/v biases."""
+    config = Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=0, eos_token_id=2, initializer_range=0.3, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                getattr(layer.self_attn, name).bias.normal_(0, 0.3)
+    return model
+
+
+def packed(model: torch.nn.Module, fmt: str) -> torch.nn.Module:
+    model = copy.deepcopy(model)
+    apply(model, fmt)
+    return model
+
+
+MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2}
+PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
+
+
+def prefill(target: Target, ids: list[int], **kwargs):
+    cache = target.new_cache()
+    block = build_block([0], [ids], [list(range(-1, len(ids) - 1))], target.pad_id, target.block_device)
+    return cache, target.forward(cache, [0], block, **kwargs)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_a_layer_matches_transformers(arch, fmt):
+    """One layer (and every layer, then the head) against the model's own forward over the same packed modules:
+    the only differences are float summation orders, which int8 activation codes can round apart in later
+    layers, so the whole model is held to a looser bound than one layer."""
+    model = packed(MODELS[arch](), fmt)
+    native_target, own = Target(model), Target(model, packed_decoder=False)
+    assert native_target.packed_decoder and not own.packed_decoder
+    for layers, typical, most in ((1, 1e-5, 5e-3), (None, 0.05, 0.1)):
+        _, ours = prefill(native_target, PROMPT, hidden=True, num_layers=layers)
+        _, theirs = prefill(own, PROMPT, hidden=True, num_layers=layers)
+        apart, scale = (ours.hidden - theirs.hidden).abs(), theirs.hidden.abs().max()
+        assert apart.median() <= typical * scale  # float rounding ...
+        assert apart.max() <= most * scale  # ... and now and then a flipped int8 activation code
+        assert ours.logits.shape == theirs.logits.shape
+    assert (ours.logits.argmax(-1) == theirs.logits.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_a_tree_pass_gives_each_node_its_one_token_logits(arch):
+    """Speculation's losslessness over a packed target rests on this: a verify pass over a tree reproduces, bit
+    for bit, the logits each node gets when its path is decoded one token at a time."""
+    target = Target(packed(MODELS[arch](), "int4"))
+    tokens, parents = [11, 12, 13, 14, 15, 16], [-1, 0, 1, 0, 3, 1]  # two branches off node 0, one off node 1
+    cache, _ = prefill(target, PROMPT)
+    start = len(PROMPT)
+    tree = target.forward(cache, [0], build_block([start], [tokens], [parents], target.pad_id, "cpu")).logits[0]
+    for node in range(len(tokens)):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        alone, _ = prefill(target, PROMPT)
+        for depth, step in enumerate(path):
+            block = build_block([start + depth], [[tokens[step]]], [[-1]], target.pad_id, "cpu")
+            logits = target.forward(alone, [0], block).logits[0, 0]
+        assert torch.equal(logits, tree[node]), f"node {node} differs from its one-token pass"
+
+
+def test_batched_rows_of_different_lengths_are_independent():
+    """A server batch: two sequences of different lengths in one pass each get their single-row logits."""
+    target = Target(packed(tiny_llama(), "int4"))
+    first, second = PROMPT, PROMPT[:4] + [77, 78]
+    cache = target.new_cache(rows=2)
+    block = build_block([0, 0], [first, second], [list(range(-1, len(first) - 1)),
+                                                  list(range(-1, len(second) - 1))], target.pad_id, "cpu")
+    target.forward(cache, [0, 1], block)
+    step = build_block([len(first), len(second)], [[9, 10], [3, 4]], [[-1, 0], [-1, 0]], target.pad_id, "cpu")
+    batched = target.forward(cache, [0, 1], step).logits  # [2, 2, vocab]
+    for row, (ids, new) in enumerate(((first, [9, 10]), (second, [3, 4]))):
+        alone, _ = prefill(target, ids)
+        single = target.forward(alone, [0], build_block([len(ids)], [new], [[-1, 0]], target.pad_id, "cpu")).logits
+        assert torch.equal(single[0], batched[row])
+
+
+def test_layer_skip_runs_the_first_layers_only():
+    model = packed(tiny_llama(), "int8")
+    ours = prefill(Target(model), PROMPT, hidden=True, num_layers=2)[1]
+    full = prefill(Target(model), PROMPT, hidden=True)[1]
+    theirs = prefill(Target(model, packed_decoder=False), PROMPT, hidden=True, num_layers=2)[1]
+    assert (ours.hidden - theirs.hidden).abs().max() < (ours.hidden - full.hidden).abs().max()
+
+
+def test_float_models_keep_their_own_forward():
+    model = tiny_llama()
+    assert not Target(model).packed_decoder
+    with pytest.raises(ValueError, match="not every decoder linear layer is packed"):
+        Target(model, packed_decoder=True)
