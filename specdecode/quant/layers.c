@@ -100,6 +100,100 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return total;
 }
 
+/* dot(q, k0..k3) into out[0..3], each summed exactly as dot() sums it (for d a multiple of 8) */
+static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int64_t d,
+                        float *out) {
+    if (d % 8) {
+        out[0] = dot(q, k0, d), out[1] = dot(q, k1, d), out[2] = dot(q, k2, d), out[3] = dot(q, k3, d);
+        return;
+    }
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+        const __m256 x = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + i), a0);
+        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k1 + i), a1);
+        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + i), a2);
+        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + i), a3);
+    }
+    const __m256 acc[4] = {a0, a1, a2, a3};
+    for (int j = 0; j < 4; j++) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        out[j] = _mm_cvtss_f32(s);
+    }
+}
+
+/* e^x for x <= 0 (softmax's shifted scores), 8 at a time: Cephes' expf (range reduction by ln 2, a degree-5
+polynomial, relative error ~2e-7), so a row's softmax costs a few instructions a key rather than a libm call */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* scores[i] = e^(scores[i] - best) for i < n -> their sum (fixed order: 8 lanes, then the tail) */
+static float exp_shifted(float *scores, int64_t n, float best) {
+    const __m256 shift = _mm256_set1_ps(best);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), shift));
+        _mm256_storeu_ps(scores + i, v);
+        sum = _mm256_add_ps(sum, v);
+    }
+    float buffer[8];
+    if (i < n) { /* the tail through the same polynomial, padded with -inf (e^-87 ~ 0, not added) */
+        for (int j = 0; j < 8; j++) buffer[j] = i + j < n ? scores[i + j] - best : -100.0f;
+        _mm256_storeu_ps(buffer, exp8(_mm256_loadu_ps(buffer)));
+    }
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    float total = _mm_cvtss_f32(t);
+    for (int j = 0; i + j < n; j++) {
+        scores[i + j] = buffer[j];
+        total += buffer[j];
+    }
+    return total;
+}
+
+/* out[:d] = sum_i p[i] * values[seen[i], :d], accumulated in registers 32 columns at a time, i in order */
+static void weighted_sum(const float *p, const int32_t *seen, int64_t n, const float *values, int64_t d, float *out) {
+    int64_t e = 0;
+    for (; e + 32 <= d; e += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n; i++) {
+            const __m256 w = _mm256_set1_ps(p[i]);
+            const float *v = values + (int64_t)seen[i] * d + e;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
+        }
+        _mm256_storeu_ps(out + e, a0);
+        _mm256_storeu_ps(out + e + 8, a1);
+        _mm256_storeu_ps(out + e + 16, a2);
+        _mm256_storeu_ps(out + e + 24, a3);
+    }
+    for (; e < d; e++) {
+        float a = 0.0f;
+        for (int64_t i = 0; i < n; i++) a = fmaf(p[i], values[(int64_t)seen[i] * d + e], a);
+        out[e] = a;
+    }
+}
+
 /* att[r, h, :] = softmax(q[r, h] . K_j * scale over visible j) @ V_j, for every row and head */
 static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
                    float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len) {
@@ -117,27 +211,22 @@ static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, i
                 const uint8_t *visible = mask + r * kv_len;
                 const float *query = s->q + (r * heads + hh) * d;
                 int64_t n = 0;
+                for (int64_t j = 0; j < kv_len; j++)
+                    if (visible[j]) seen[n++] = (int32_t)j;
+                int64_t i = 0;
+                for (; i + 4 <= n; i += 4) /* four independent dot products at a time; each sums in dot()'s order */
+                    dot4(query, keys + (int64_t)seen[i] * d, keys + (int64_t)seen[i + 1] * d,
+                         keys + (int64_t)seen[i + 2] * d, keys + (int64_t)seen[i + 3] * d, d, scores + i);
+                for (; i < n; i++) scores[i] = dot(query, keys + (int64_t)seen[i] * d, d);
                 float best = -INFINITY;
-                for (int64_t j = 0; j < kv_len; j++) {
-                    if (!visible[j]) continue;
-                    const float score = dot(query, keys + j * d, d) * scale;
-                    scores[n] = score;
-                    seen[n++] = (int32_t)j;
-                    if (score > best) best = score;
+                for (i = 0; i < n; i++) {
+                    scores[i] *= scale;
+                    if (scores[i] > best) best = scores[i];
                 }
-                float total = 0.0f;
-                for (int64_t i = 0; i < n; i++) {
-                    scores[i] = expf(scores[i] - best);
-                    total += scores[i];
-                }
+                const float total = exp_shifted(scores, n, best);
                 const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-                float *out = s->att + (r * heads + hh) * d;
-                for (int64_t e = 0; e < d; e++) out[e] = 0.0f;
-                for (int64_t i = 0; i < n; i++) {
-                    const float p = scores[i] * inv;
-                    const float *value = values + (int64_t)seen[i] * d;
-                    for (int64_t e = 0; e < d; e++) out[e] += p * value[e];
-                }
+                for (i = 0; i < n; i++) scores[i] *= inv;
+                weighted_sum(scores, seen, n, values, d, s->att + (r * heads + hh) * d);
             }
         free(scores);
         free(seen);
