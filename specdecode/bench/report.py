@@ -40,6 +40,8 @@ OVERALL_COLUMNS: list[Column] = [
     Column("lossless_prompts", "lossless prompts", _lossless),
     Column("near_ties", "near-ties", _num("near_ties", "d")),
     Column("bugs", "bugs", _num("bugs", "d")),
+    Column("same_as_plain", "= our plain", lambda row: "-" if row.get("same_as_plain") is None
+           else f"{row['same_as_plain']}/{row['turns']}"),
     Column("peak_rss_mb", "peak RSS MB", _num("peak_rss_mb", ".0f")),
 ]
 

@@ -33,6 +33,7 @@ from .llamacpp import NAME as LLAMACPP
 from .methods import BASELINE, Generation, Method, RunSettings
 from .prompts import Question
 
+PLAIN = "specdecode-none"
 NEAR_TIE_EPS = 4.0  # tolerance = NEAR_TIE_EPS * machine epsilon of the model dtype * max(1, |top logit|)
 WARMUP_TOKENS = 16
 RSS_SAMPLE_S = 0.02  # PeakRss's sampling period where the kernel's peak cannot be reset
@@ -71,6 +72,7 @@ class Record:
     prompt_ids: list[int]
     generation: Generation
     identical: bool | None = None  # None: not checked (sampling, or the baseline itself)
+    same_as_plain: bool | None = None  # equals our plain decoding's output exactly (None: not compared)
     mismatch: Mismatch | None = None
     peak_rss_mb: float | None = None  # the process's peak resident memory during this run (None: unknown)
 
@@ -79,7 +81,7 @@ class Record:
         out = {"method": self.method, "question_id": self.question_id, "category": self.category,
                "turn": self.turn, "prompt_tokens": len(self.prompt_ids), "new_tokens": len(g.ids),
                "time_s": round(g.seconds, 5), "target_passes": g.passes, "proposed": g.proposed,
-               "accepted": g.accepted, "identical": self.identical,
+               "accepted": g.accepted, "identical": self.identical, "same_as_plain": self.same_as_plain,
                "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb, 1)}
         if self.mismatch is not None:
             out["mismatch"] = vars(self.mismatch)
@@ -217,8 +219,15 @@ class PeakRss:
 
 # -- lossless analysis ----------------------------------------------------------------------------------------
 def check_lossless(records: list[Record], model: torch.nn.Module) -> None:
-    """Mark every non-baseline record identical or not, and classify each first difference."""
+    """Mark every non-baseline record identical or not, and classify each first difference. Where the run has
+    our plain decoding, every other specdecode method is also held to it token for token, without tolerance:
+    on a packed model transformers' `generate` is the same model only up to rounding, our plain decoding is
+    the very arithmetic speculation must reproduce."""
     baseline = {(r.question_id, r.turn): r for r in records if r.method == BASELINE}
+    plain = {(r.question_id, r.turn): r for r in records if r.method == PLAIN}
+    for record in records:
+        if record.method.startswith("specdecode-") and record.method != PLAIN and plain:
+            record.same_as_plain = record.generation.ids == plain[(record.question_id, record.turn)].generation.ids
     for record in records:
         if record.method in (BASELINE, LLAMACPP):  # llama.cpp's arithmetic is its own: speed only
             continue

@@ -19,6 +19,8 @@ CONVENTIONS = (
     "acceptance_rate = accepted / proposed draft tokens (transformers peers: derived from counted target passes)",
     "prompts = questions; lossless_prompts = questions whose every turn equals the baseline's greedy output "
     "(null when sampling); mismatches = differing turns = near_ties + bugs",
+    "same_as_plain = turns whose output equals our plain decoding's (specdecode-none in the same run) token for "
+    "token, with no tolerance (null when not compared)",
     "multi-turn: later turns follow the baseline's answers, for every method",
     "peak_rss_mb = the highest peak resident set size (MiB) of the whole process while the method decoded one "
     "of the cell's turns (every loaded model counts, so compare methods by their differences)",
@@ -79,7 +81,10 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         "mismatches": None,
         "near_ties": None,
         "bugs": None,
+        "same_as_plain": None,
     }
+    if any(r.same_as_plain is not None for r in cell):
+        row["same_as_plain"] = sum(bool(r.same_as_plain) for r in cell)
     compared = not all(r.method == LLAMACPP for r in cell)  # llama.cpp's outputs are timed, not compared
     if greedy and compared:  # the baseline's records carry identical=None: it is the reference
         row["lossless_prompts"] = sum(all(r.identical is not False for r in rs) for rs in questions.values())

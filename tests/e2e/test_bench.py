@@ -196,6 +196,29 @@ def test_a_broken_method_is_caught_as_a_bug(tiny_model_dir):
     assert row["lossless_prompts"] == 0 and row["bugs"] == 1 and row["near_ties"] == 0
 
 
+def test_specdecode_methods_are_held_to_our_plain_decoding_exactly(tiny_model_dir):
+    """Against our plain decoding there is no tolerance: a speculative method that leaves it by one token is
+    counted, even where transformers' output would call the difference a near-tie."""
+    bench = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir))
+    base, plain = methods_mod.build_methods(bench, [BASELINE, "specdecode-none"], methods_mod.PeerOptions())
+
+    def broken(prompt_ids, settings):
+        g = plain.run(prompt_ids, settings)
+        return Generation(g.ids[:3] + [(g.ids[3] + 1) % 259] + g.ids[4:], g.seconds, g.passes, 0, 0)
+
+    questions = parse_prompts(json.dumps(PROMPTS[1]))
+    settings = BenchSettings(max_new_tokens=12, progress=False, warmup=False)
+    methods = [BASELINE, "specdecode-none", "specdecode-broken", "specdecode-copy"]
+    records = run_bench([base, plain, Method("specdecode-broken", "test", broken),
+                         Method("specdecode-copy", "test", plain.run)], questions, bench.tokenizer, bench.model,
+                        settings)
+    same = {r.method: r.same_as_plain for r in records}
+    assert same == {BASELINE: None, "specdecode-none": None, "specdecode-broken": False, "specdecode-copy": True}
+    rows = {r["method"]: r for r in summarise(records, methods, ["code"], greedy=True) if r["category"] == "overall"}
+    assert rows["specdecode-broken"]["same_as_plain"] == 0 and rows["specdecode-copy"]["same_as_plain"] == 1
+    assert rows["specdecode-none"]["same_as_plain"] is None
+
+
 class _FixedLogits(torch.nn.Module):
     """Returns the same next-token logits for any input: to test the near-tie rule in isolation."""
 
