@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..cpu_share import CpuShare
 from . import native
 from .linear import BLOCK, PackedLinear
 
@@ -94,6 +95,7 @@ class PackedDecoder:
         self._keep: list[torch.Tensor] = []  # norm weights in float32, alive as long as the structs point at them
         self.layers = [self._layer(layer, config) for layer in inner.layers]
         self._lib = native.library()
+        self.share = CpuShare(torch.get_num_threads)  # threads per pass, fewer while other processes hold cores
 
     def _layer(self, layer: nn.Module, config) -> _Layer:
         attention, mlp = layer.self_attn, layer.mlp
@@ -125,7 +127,7 @@ class PackedDecoder:
             ends = [max(ends[0], kv_len)]
         scratch, keepalive = self._scratch(rows_total)
         like = x.new_empty(1, self.kv_heads, 0, self.head_dim)
-        layers = self.layers[: num_layers or len(self.layers)]
+        layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
         for index, layer in enumerate(layers):
             buffers = cache.row_buffers(index, ends, like)  # per batch row: keys, values [kv_heads, cap, head_dim]
             kbase = torch.tensor([keys.data_ptr() for keys, _ in buffers], dtype=torch.int64)
@@ -133,11 +135,12 @@ class PackedDecoder:
             capacity = torch.tensor([keys.shape[1] for keys, _ in buffers], dtype=torch.int64)
             self._lib.decoder_layer(ctypes.addressof(layer), x.data_ptr(), rows_total, q, cos.data_ptr(),
                                     sin.data_ptr(), kbase.data_ptr(), vbase.data_ptr(), capacity.data_ptr(),
-                                    slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch))
+                                    slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch),
+                                    threads)
         states = self.norm(x.reshape(b, q, self.hidden))  # [b, q, hidden]
         kept = states[:, -1:] if keep_last else states  # [b, q_kept, hidden]
         if isinstance(self.head, PackedLinear):
-            logits = self.head(kept)
+            logits = self.head(kept, threads)
         else:  # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
             flat = kept.reshape(-1, self.hidden)
             logits = torch.stack([self.head(row) for row in flat]).reshape(*kept.shape[:2], -1)

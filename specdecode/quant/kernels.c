@@ -13,6 +13,7 @@ one-token pass gives it, bit for bit. Threads split the output columns (OpenMP: 
 already loaded under the same soname when this library is opened after torch). */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -158,11 +159,12 @@ Q8_GROUP(2)
 Q8_GROUP(3)
 Q8_GROUP(4)
 
-/* out[r, col] (row stride out_stride) for packed q4 weights of N output columns (N a multiple of 8). */
-void gemm_q4(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k,
-             const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride) {
+/* out[r, col] (row stride out_stride) for packed q4 weights of N output columns (N a multiple of 8), on
+`threads` threads (<= 0: OpenMP's default, torch's setting). */
+void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
+                const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
     for (int64_t g = 0; g < n / 8; g++) {
         const uint8_t *wc = w + g * nb * 128;
         const uint16_t *dc = wd + g * nb * 8, *mc = wm + g * nb * 8;
@@ -182,10 +184,10 @@ void gemm_q4(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n
 }
 
 /* The same for packed q8 weights. */
-void gemm_q8(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k,
-             const int8_t *xq, const float *xd, int64_t rows, float *out, int64_t out_stride) {
+void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
+                int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
     for (int64_t g = 0; g < n / 8; g++) {
         const int8_t *wc = w + g * nb * 256;
         const uint16_t *dc = wd + g * nb * 8;
@@ -202,4 +204,14 @@ void gemm_q8(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k,
             }
         }
     }
+}
+
+void gemm_q4(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k,
+             const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride) {
+    gemm_q4_on(w, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, 0);
+}
+
+void gemm_q8(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k,
+             const int8_t *xq, const float *xd, int64_t rows, float *out, int64_t out_stride) {
+    gemm_q8_on(w, wd, n, k, xq, xd, rows, out, out_stride, 0);
 }

@@ -21,10 +21,10 @@ slot[r] and reads the slots j < kv_len with mask[r * kv_len + j] != 0. */
 #include <string.h>
 
 void quantize_activations(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scale, float *sums);
-void gemm_q4(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
-             const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride);
-void gemm_q8(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
-             int64_t rows, float *out, int64_t out_stride);
+void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
+                const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads);
+void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
+                int64_t rows, float *out, int64_t out_stride, int64_t threads);
 
 typedef struct {
     int64_t q4; /* 1: q4 codes with d and m; 0: q8 codes with d */
@@ -52,11 +52,11 @@ typedef struct { /* per-pass scratch, sized by the caller for R rows */
 } scratch_t;
 
 /* y[r, :] = (x[r, :] quantized) @ W^T (+ bias), given x already quantized into s->xq/xd/xs with k columns. */
-static void linear(const qlinear *w, const scratch_t *s, int64_t rows, float *y) {
+static void linear(const qlinear *w, const scratch_t *s, int64_t rows, float *y, int64_t threads) {
     if (w->q4)
-        gemm_q4((const uint8_t *)w->codes, w->d, w->m, w->n, w->k, s->xq, s->xd, s->xs, rows, y, w->n);
+        gemm_q4_on((const uint8_t *)w->codes, w->d, w->m, w->n, w->k, s->xq, s->xd, s->xs, rows, y, w->n, threads);
     else
-        gemm_q8((const int8_t *)w->codes, w->d, w->n, w->k, s->xq, s->xd, rows, y, w->n);
+        gemm_q8_on((const int8_t *)w->codes, w->d, w->n, w->k, s->xq, s->xd, rows, y, w->n, threads);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < w->n; c++) y[r * w->n + c] += w->bias[c];
@@ -196,10 +196,10 @@ static void weighted_sum(const float *p, const int32_t *seen, int64_t n, const f
 
 /* att[r, h, :] = softmax(q[r, h] . K_j * scale over visible j) @ V_j, for every row and head */
 static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
-                   float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len) {
+                   float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len, int64_t threads) {
     const int64_t heads = L->heads, d = L->head_dim, groups = L->heads / L->kv_heads;
     const float scale = 1.0f / sqrtf((float)d);
-#pragma omp parallel
+#pragma omp parallel num_threads((int)threads)
     {
         float *scores = malloc(sizeof(float) * (kv_len > 0 ? kv_len : 1));
         int32_t *seen = malloc(sizeof(int32_t) * (kv_len > 0 ? kv_len : 1));
@@ -233,17 +233,18 @@ static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, i
     }
 }
 
-/* One layer over R = b * q_len rows; x [R, hidden] updated in place; cos/sin [R, head_dim]. */
+/* One layer over R = b * q_len rows on `threads` threads (>= 1); x [R, hidden] updated in place; cos/sin
+[R, head_dim]. */
 void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t q_len, const float *cos,
                    const float *sin, float *const *kbase, float *const *vbase, const int64_t *cap,
-                   const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s) {
+                   const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s, int64_t threads) {
     const int64_t H = L->hidden, d = L->head_dim, kvd = L->kv_heads * d;
     /* attention */
     rms_norm(x, L->norm_in, L->eps, rows, H, s->h);
     quantize_activations(s->h, rows, H, s->xq, s->xd, s->xs);
-    linear(&L->q, s, rows, s->q);
-    linear(&L->k, s, rows, s->k);
-    linear(&L->v, s, rows, s->v);
+    linear(&L->q, s, rows, s->q, threads);
+    linear(&L->k, s, rows, s->k, threads);
+    linear(&L->v, s, rows, s->v, threads);
     rotary(s->q, cos, sin, rows, L->heads, d);
     rotary(s->k, cos, sin, rows, L->kv_heads, d);
     for (int64_t r = 0; r < rows; r++) { /* write this pass's keys and values before anyone reads them */
@@ -253,21 +254,21 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t q_l
             memcpy(vbase[b] + (kvh * cap[b] + slot[r]) * d, s->v + r * kvd + kvh * d, sizeof(float) * d);
         }
     }
-    attend(L, s, rows, q_len, kbase, vbase, cap, mask, kv_len);
+    attend(L, s, rows, q_len, kbase, vbase, cap, mask, kv_len, threads);
     quantize_activations(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);
-    linear(&L->o, s, rows, s->out);
+    linear(&L->o, s, rows, s->out, threads);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
     /* gated MLP */
     rms_norm(x, L->norm_post, L->eps, rows, H, s->h);
     quantize_activations(s->h, rows, H, s->xq, s->xd, s->xs);
-    linear(&L->gate, s, rows, s->g);
-    linear(&L->up, s, rows, s->u);
+    linear(&L->gate, s, rows, s->g, threads);
+    linear(&L->up, s, rows, s->u, threads);
     const int64_t I = L->inter;
     for (int64_t i = 0; i < rows * I; i++) {
         const float g = s->g[i];
         s->g[i] = g / (1.0f + expf(-g)) * s->u[i];
     }
     quantize_activations(s->g, rows, I, s->xq, s->xd, s->xs);
-    linear(&L->down, s, rows, s->out);
+    linear(&L->down, s, rows, s->out, threads);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
 }

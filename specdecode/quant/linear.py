@@ -81,6 +81,24 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(),
                                                                   requires_grad=False)
 
+    @classmethod
+    def from_packed(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                    bias: torch.Tensor | None) -> "PackedLinear":
+        """A layer from tensors a PackedLinear held (quant/packed_cache.py), without float weights."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        groups, blocks = codes.shape[:2]
+        layer.fmt = "q4" if m is not None else "q8"
+        layer.in_features, layer.out_features = blocks * BLOCK, groups * GROUP
+        layer.register_buffer("codes", codes)
+        layer.register_buffer("d", d)
+        if m is not None:
+            layer.register_buffer("m", m)
+        else:
+            layer.m = None
+        layer.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        return layer
+
     @property
     def weight(self) -> torch.Tensor:
         """The dequantised weight [N, K] in float32, made on demand: for code that reads a layer's weight (an
@@ -97,13 +115,13 @@ class PackedLinear(nn.Module):
             values = self.codes.reshape(groups, blocks, GROUP, BLOCK).float() * self.d.float()[..., None]
         return values.transpose(1, 2).reshape(self.out_features, self.in_features)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., K] -> [..., N]
+    def forward(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
+        # x: [..., K] -> [..., N]; threads: 0 = torch's setting
         flat = x.reshape(-1, self.in_features)
         if torch.compiler.is_compiling():  # an opaque op for torch.compile (ctypes cannot be traced)
             out = packed_matmul(flat, self.codes, self.d, self.m)
         else:
-            out = _packed_matmul(flat, self.codes, self.d, self.m)
+            out = _packed_matmul(flat, self.codes, self.d, self.m, threads)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -113,18 +131,20 @@ class PackedLinear(nn.Module):
 
 
 def _packed_matmul(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor,
-                   m: torch.Tensor | None) -> torch.Tensor:
-    """flat [rows, K] float -> [rows, N] float32 through kernels.c (m None: q8 weights, else q4)."""
+                   m: torch.Tensor | None, threads: int = 0) -> torch.Tensor:
+    """flat [rows, K] float -> [rows, N] float32 through kernels.c (m None: q8 weights, else q4) on `threads`
+    threads (0: torch's setting)."""
     rows, k = flat.shape
     n = codes.shape[0] * GROUP
     xq, scale, sums = quantize_activations(flat)
     out = torch.empty(rows, n, dtype=torch.float32)  # [rows, N]
     lib = native.library()
     if m is not None:
-        lib.gemm_q4(codes.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(),
-                    sums.data_ptr(), rows, out.data_ptr(), n)
+        lib.gemm_q4_on(codes.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(),
+                       sums.data_ptr(), rows, out.data_ptr(), n, threads)
     else:
-        lib.gemm_q8(codes.data_ptr(), d.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(), rows, out.data_ptr(), n)
+        lib.gemm_q8_on(codes.data_ptr(), d.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(), rows, out.data_ptr(), n,
+                       threads)
     return out
 
 
@@ -156,11 +176,14 @@ class HalfEmbedding(nn.Module):
     """nn.Embedding with its table in float16 (half the memory; a quantized model's input embeddings are the
     largest float tensor left), looked up and returned in float32."""
 
-    def __init__(self, embedding: nn.Embedding):
+    def __init__(self, embedding: nn.Embedding | None = None, table: torch.Tensor | None = None,
+                 padding_idx: int | None = None):
         super().__init__()
-        self.register_buffer("table", embedding.weight.detach().to(torch.float16).contiguous())
-        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
-        self.padding_idx = embedding.padding_idx
+        if embedding is not None:
+            table, padding_idx = embedding.weight.detach().to(torch.float16).contiguous(), embedding.padding_idx
+        self.register_buffer("table", table)  # [vocab, D] float16
+        self.num_embeddings, self.embedding_dim = table.shape
+        self.padding_idx = padding_idx
 
     @property
     def weight(self) -> torch.Tensor:

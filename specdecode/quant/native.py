@@ -34,7 +34,9 @@ _SIGNATURES = {
     "quantize_activations": [_P, _I, _I, _P, _P, _P],
     "gemm_q4": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I],
     "gemm_q8": [_P, _P, _I, _I, _P, _P, _I, _P, _I],
-    "decoder_layer": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P],
+    "gemm_q4_on": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I, _I],
+    "gemm_q8_on": [_P, _P, _I, _I, _P, _P, _I, _P, _I, _I],
+    "decoder_layer": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I],
 }
 
 
