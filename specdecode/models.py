@@ -14,8 +14,12 @@ from pathlib import Path
 
 import torch
 
+from .quant import packed_cache
+from .quant.linear import PackedLinear
+from .quant.native import missing as native_missing
 from .quant.weights import FLOAT_DTYPES, WeightsError, apply as apply_weights, resolve
-from .model_packages import PACKAGED, PackageError, assembled_path, default_dtype, default_weights, gguf_path
+from .model_packages import (PACKAGED, PackageError, assembled_path, default_dtype, default_weights,
+                             fallback_weights, gguf_path)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _MANIFEST = "specdecode-manifest.json"
@@ -71,14 +75,19 @@ def _gguf_cache_dir(gguf: Path, dtype: torch.dtype = torch.float32, size: int | 
     return cache_root() / f"{gguf.stem}-{key}"
 
 
-def _cache_is_valid(directory: Path) -> bool:
-    """A cache entry is valid only if its manifest exists and every file matches its recorded SHA-256."""
+def _cache_is_valid(directory: Path, weights: bool = True) -> bool:
+    """A cache entry is valid only if its manifest exists and every file matches its recorded SHA-256.
+    weights=False: every file but the weights (for a load that reads a packed copy instead: packed_cache.py)."""
     manifest_path = directory / _MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("format") != _CACHE_FORMAT:
             return False
         for name, digest in manifest["files"].items():
+            if not weights and name.endswith(".safetensors"):
+                if not (directory / name).is_file():
+                    return False
+                continue
             if _sha256(directory / name) != digest:
                 return False
         return True
@@ -115,10 +124,11 @@ def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float3
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def converted_gguf_dir(gguf: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """The cached HF copy of a GGUF in `dtype`, (re)built when missing, partial or corrupt."""
+def converted_gguf_dir(gguf: Path, dtype: torch.dtype = torch.float32, weights: bool = True) -> Path:
+    """The cached HF copy of a GGUF in `dtype`, (re)built when missing, partial or corrupt (weights=False: its
+    weights are not checked, for a load that will not read them)."""
     directory = _gguf_cache_dir(gguf, dtype)
-    if not _cache_is_valid(directory):
+    if not _cache_is_valid(directory, weights):
         try:
             _convert_gguf(gguf, directory, dtype)
         except (OSError, ValueError, KeyError) as error:  # not a GGUF, or one transformers cannot convert
@@ -133,19 +143,20 @@ def canonical_name(spec: str | None) -> str | None:
     return spec if spec in PACKAGED else None
 
 
-def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32) -> str:
-    """Map a user's model spec to something `from_pretrained` accepts (a local dir, or a hub id)."""
+def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32, weights: bool = True) -> str:
+    """Map a user's model spec to something `from_pretrained` accepts (a local dir, or a hub id). weights=False:
+    a converted copy's weights are not checked against their SHA-256 (the caller will not read them)."""
     name = canonical_name(spec)
     if name is not None:
         model = PACKAGED[name]
         if model.size is not None:  # assembled from parts: a valid converted copy needs no GGUF, nor its hash
             directory = _gguf_cache_dir(assembled_path(model, cache_root()), dtype, model.size)
-            if _cache_is_valid(directory):
+            if _cache_is_valid(directory, weights):
                 return str(directory)
-        return str(converted_gguf_dir(packaged_gguf_path(name), dtype))
+        return str(converted_gguf_dir(packaged_gguf_path(name), dtype, weights))
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return str(converted_gguf_dir(path, dtype))
+        return str(converted_gguf_dir(path, dtype, weights))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"model directory {spec!r} has no config.json")
@@ -173,18 +184,33 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
     torch_dtype = parse_dtype(dtype if dtype is not None else model_dtype(spec, device))
     if fmt in ("int8", "int4", "gguf") and torch_dtype != torch.float32:
         raise ModelError(f"{fmt} weights decode with float32 activations; drop --dtype {dtype}")
-    source = resolve_model_dir(spec, torch_dtype)
+    source = resolve_model_dir(spec, torch_dtype, weights=fmt not in ("int8", "int4", "gguf"))
+    packed_path = _packed_path(source, fmt, gguf_file)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
+        model = packed_cache.load(packed_path, source) if packed_path and packed_path.is_file() else None
+        if model is None:  # the float weights are read: check them first
+            source = resolve_model_dir(spec, torch_dtype) if fmt in ("int8", "int4", "gguf") else source
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     except (OSError, ValueError) as error:
         raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {_first_line(error)}") from error
     model.to(device).eval()
     if fmt in ("int8", "int4", "gguf"):
-        apply_weights(model, fmt, gguf_file)
-        _own_tensors(model)
+        if not any(isinstance(module, PackedLinear) for module in model.modules()):
+            apply_weights(model, fmt, gguf_file)
+            _own_tensors(model)
+            if packed_path and any(isinstance(module, PackedLinear) for module in model.modules()):
+                packed_cache.save(model, packed_path)
         exact_attention(model)
     return LoadedModel(model=model, tokenizer=tokenizer, name=canonical_name(spec) or spec)
+
+
+def _packed_path(source: str, fmt: str, gguf_file: Path | None) -> Path | None:
+    """Where a packed copy of the model is cached (quant/packed_cache.py); None: the format is not packed here."""
+    if fmt not in ("int8", "int4", "gguf") or native_missing() is not None:
+        return None
+    extra = "" if gguf_file is None else f"{gguf_file.resolve()}|{gguf_file.stat().st_size}"
+    return packed_cache.path_for(source, fmt, cache_root(), extra)
 
 
 def exact_attention(model: torch.nn.Module) -> None:
@@ -223,7 +249,8 @@ def resolve_weights(weights: str, spec: str | None, device: str) -> str:
     """The format the model's linear layers get (quant.weights.resolve); a choice that cannot be honoured is one
     line."""
     try:
-        return resolve(weights, default_weights(canonical_name(spec), device), device)
+        name = canonical_name(spec)
+        return resolve(weights, default_weights(name, device), device, fallback=fallback_weights(name))
     except WeightsError as error:
         raise ModelError(str(error)) from None
 

@@ -37,9 +37,10 @@ def check(choice: str, choices: tuple[str, ...] = WEIGHTS, what: str = "weights"
     return choice
 
 
-def resolve(choice: str, default: str, device: str, *, what: str = "weights") -> str:
+def resolve(choice: str, default: str, device: str, *, what: str = "weights", fallback: str = "int8") -> str:
     """The format to apply: "auto" becomes `default` (the model's own; a quantized default the device cannot
-    run falls back to "same"), an explicit quantized choice the device cannot run is a WeightsError."""
+    run falls back to `fallback` where that runs, else "same"), an explicit quantized choice the device cannot
+    run is a WeightsError."""
     check(choice, WEIGHTS if what == "weights" else DRAFT_WEIGHTS, what)
     chosen = default if choice == "auto" else choice
     if chosen not in ("int8", "int4", "gguf"):
@@ -48,7 +49,8 @@ def resolve(choice: str, default: str, device: str, *, what: str = "weights") ->
     if reason is None:
         return chosen
     if choice == "auto":
-        return "int8" if chosen != "int8" and unavailable("int8", device) is None else "same"
+        usable = fallback == "int8" and chosen != "int8" and unavailable("int8", device) is None
+        return "int8" if usable else "same"
     raise WeightsError(f"{what} {chosen}: {reason}")
 
 

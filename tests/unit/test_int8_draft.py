@@ -57,13 +57,15 @@ def test_bias_is_kept():
 
 
 def test_target_weights_choice():
-    """--weights / load_model(weights=): the packaged Qwen pair defaults to int4 on the CPU, anything else to its
-    dtype's own weights; quantized weights off the CPU are one line, bad values too."""
+    """--weights / load_model(weights=): the packaged models default to int4 on the CPU (where the native kernel
+    cannot run: the Qwen pair to torch's int8, SmolLM2 to its float weights), anything else to its dtype's own
+    weights; quantized weights off the CPU are one line, bad values too."""
     from specdecode.models import ModelError, resolve_weights
 
     assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cpu") == ("int4" if native.missing() is None else "int8")
     assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cuda") == "same"
-    assert resolve_weights("auto", None, "cpu") == "same" and resolve_weights("auto", "some/dir", "cpu") == "same"
+    assert resolve_weights("auto", None, "cpu") == ("int4" if native.missing() is None else "same")
+    assert resolve_weights("auto", "some/dir", "cpu") == "same"
     assert resolve_weights("int8", "some/dir", "cpu") == "int8"
     assert resolve_weights("same", "qwen2.5-coder-1.5b", "cpu") == "same"
     assert resolve_weights("bf16", None, "cpu") == "bf16"
@@ -71,6 +73,15 @@ def test_target_weights_choice():
         resolve_weights("int8", None, "cuda")
     with pytest.raises(ModelError, match="weights must be one of"):
         resolve_weights("int3", None, "cpu")
+
+
+def test_auto_weights_fall_back_per_model_where_the_native_kernel_cannot_run(monkeypatch):
+    from specdecode.models import resolve_weights
+    from specdecode.quant import weights
+
+    monkeypatch.setattr(weights, "unavailable", lambda fmt, device: None if fmt == "int8" else "no kernel here")
+    assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cpu") == "int8"
+    assert resolve_weights("auto", "smollm2-135m-instruct", "cpu") == "same"
 
 
 def test_load_model_with_int8_weights(tiny_model_dir):

@@ -132,7 +132,10 @@ def test_default_dtypes_and_weights():
     assert model_packages.default_dtype("qwen2.5-coder-1.5b", "cpu") == "float32"
     assert model_packages.default_weights("qwen2.5-coder-1.5b", "cpu") == "int4"
     assert model_packages.default_weights("qwen2.5-coder-1.5b", "cuda") == "same"
-    assert model_packages.default_weights("smollm2-135m-instruct", "cpu") == "same"
+    assert model_packages.default_weights("smollm2-135m-instruct", "cpu") == "int4"
+    assert model_packages.default_weights("smollm2-135m-instruct", "cuda") == "same"
+    assert model_packages.fallback_weights("smollm2-135m-instruct") == "same"  # torch's int8 is slower than fp32
+    assert model_packages.fallback_weights("qwen2.5-coder-1.5b") == "int8"
     assert model_packages.default_dtype("smollm2-135m-instruct", "cpu") == "float32"
     assert model_packages.default_dtype(None, "cpu") == "float32"
     assert model_packages.default_dtype("smollm2-135m-instruct", "cuda:0") == "bfloat16"

@@ -1,0 +1,56 @@
+"""The packed-model cache (quant/packed_cache.py): a second load reads the packed tensors, not the float
+weights, and gives the very same model; a damaged file is rebuilt."""
+import pytest
+import torch
+import transformers
+
+from specdecode.models import load_model
+from specdecode.quant import native
+from specdecode.target import Target
+from specdecode.trees import build_block
+
+pytestmark = pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
+PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
+
+
+def logits(model) -> torch.Tensor:
+    target = Target(model)
+    block = build_block([0], [PROMPT], [list(range(-1, len(PROMPT) - 1))], target.pad_id, "cpu")
+    return target.forward(target.new_cache(), [0], block).logits
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_a_second_load_reads_the_packed_copy_and_is_the_same_model(weights, tiny_model_dir, cache_dir, monkeypatch):
+    first = load_model(tiny_model_dir, weights=weights).model
+    files = list((cache_dir / "packed").glob(f"*-{weights}-*.pt"))
+    assert len(files) == 1
+
+    def no_float_weights(*args, **kwargs):
+        raise AssertionError("the float weights were read again")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_float_weights)
+    second = load_model(tiny_model_dir, weights=weights).model
+    assert Target(second).packed_decoder
+    assert torch.equal(logits(first), logits(second))
+    for (name, a), (_, b) in zip(sorted(first.state_dict().items()), sorted(second.state_dict().items())):
+        assert torch.equal(a, b), name
+    assert second.generation_config.eos_token_id == first.generation_config.eos_token_id
+
+
+def test_a_damaged_copy_is_packed_again(tiny_model_dir, cache_dir):
+    reference = logits(load_model(tiny_model_dir, weights="int4").model)
+    [path] = (cache_dir / "packed").glob("*.pt")
+    path.write_bytes(b"not a checkpoint")
+    assert torch.equal(logits(load_model(tiny_model_dir, weights="int4").model), reference)
+    assert path.stat().st_size > 1000  # rewritten
+
+
+def test_float_weights_are_not_cached(tiny_model_dir, cache_dir):
+    load_model(tiny_model_dir, weights="fp32")
+    assert not (cache_dir / "packed").exists()
