@@ -18,6 +18,8 @@ import torch
 
 from ..config import ConfigError
 from ..models import load_model
+from ..target import Target
+from ..trees import build_block
 
 FORMATS = ("float32", "bfloat16", "int8", "int4", "gguf")  # the quantized ones: linear weights (quant/weights.py)
 QUANTIZED = ("int8", "int4", "gguf")
@@ -36,10 +38,12 @@ def shipped_text() -> str:
 
 @torch.inference_mode()
 def next_token_scores(model: torch.nn.Module, ids: list[int]) -> tuple[torch.Tensor, float]:
-    """Teacher-forced pass over ids -> (argmax of each position's next token [n - 1], mean NLL of the text)."""
-    x = torch.tensor([ids])  # [1, n]
-    logits = model(input_ids=x).logits[0, :-1].float()  # [n - 1, vocab]
-    nll = torch.nn.functional.cross_entropy(logits, x[0, 1:])
+    """Teacher-forced pass over ids -> (argmax of each position's next token [n - 1], mean NLL of the text).
+    Through `Target`, so a packed model is measured in the arithmetic it decodes with (its native layers)."""
+    target = Target(model)
+    block = build_block([0], [ids], [list(range(-1, len(ids) - 1))], target.pad_id, target.block_device)
+    logits = target.forward(target.new_cache(), [0], block).logits[0, :-1].float()  # [n - 1, vocab]
+    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:], device=logits.device))
     return logits.argmax(-1), float(nll)
 
 
