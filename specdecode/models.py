@@ -17,7 +17,7 @@ import torch
 from .quant import packed_cache
 from .quant.linear import PackedLinear
 from .quant.native import missing as native_missing
-from .quant.weights import FLOAT_DTYPES, WeightsError, apply as apply_weights, resolve
+from .quant.weights import FLOAT_DTYPES, QUANTIZED, WeightsError, apply as apply_weights, resolve
 from .model_packages import (PACKAGED, PackageError, assembled_path, default_dtype, default_weights,
                              fallback_weights, gguf_path)
 
@@ -182,20 +182,20 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
         dtype = FLOAT_DTYPES[fmt]
     gguf_file = gguf_source(spec) if fmt == "gguf" else None
     torch_dtype = parse_dtype(dtype if dtype is not None else model_dtype(spec, device))
-    if fmt in ("int8", "int4", "gguf") and torch_dtype != torch.float32:
+    if fmt in QUANTIZED and torch_dtype != torch.float32:
         raise ModelError(f"{fmt} weights decode with float32 activations; drop --dtype {dtype}")
-    source = resolve_model_dir(spec, torch_dtype, weights=fmt not in ("int8", "int4", "gguf"))
+    source = resolve_model_dir(spec, torch_dtype, weights=fmt not in QUANTIZED)
     packed_path = _packed_path(source, fmt, gguf_file)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = packed_cache.load(packed_path, source) if packed_path and packed_path.is_file() else None
         if model is None:  # the float weights are read: check them first
-            source = resolve_model_dir(spec, torch_dtype) if fmt in ("int8", "int4", "gguf") else source
+            source = resolve_model_dir(spec, torch_dtype) if fmt in QUANTIZED else source
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
     except (OSError, ValueError) as error:
         raise ModelError(f"could not load model {spec or DEFAULT_MODEL!r}: {_first_line(error)}") from error
     model.to(device).eval()
-    if fmt in ("int8", "int4", "gguf"):
+    if fmt in QUANTIZED:
         if not any(isinstance(module, PackedLinear) for module in model.modules()):
             apply_weights(model, fmt, gguf_file)
             _own_tensors(model)
@@ -207,7 +207,7 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
 
 def _packed_path(source: str, fmt: str, gguf_file: Path | None) -> Path | None:
     """Where a packed copy of the model is cached (quant/packed_cache.py); None: the format is not packed here."""
-    if fmt not in ("int8", "int4", "gguf") or native_missing() is not None:
+    if fmt not in QUANTIZED or native_missing() is not None:
         return None
     extra = "" if gguf_file is None else f"{gguf_file.resolve()}|{gguf_file.stat().st_size}"
     return packed_cache.path_for(source, fmt, cache_root(), extra)

@@ -18,11 +18,11 @@ import torch
 
 from ..config import ConfigError
 from ..models import load_model
+from ..quant.weights import QUANTIZED
 from ..target import Target
 from ..trees import build_block
 
 FORMATS = ("float32", "bfloat16", "int8", "int4", "gguf")  # the quantized ones: linear weights (quant/weights.py)
-QUANTIZED = ("int8", "int4", "gguf")
 
 
 @dataclass(frozen=True)

@@ -61,9 +61,7 @@ def unsupported(model: nn.Module) -> str | None:
                    *(getattr(layer.mlp, f"{p}_proj", None) for p in ("gate", "up", "down"))]
         if not all(isinstance(linear, PackedLinear) for linear in linears):
             return "not every decoder linear layer is packed"
-    if native.missing():
-        return native.missing()
-    return None
+    return native.missing()
 
 
 def _qlinear(linear: PackedLinear) -> _QLinear:
@@ -128,15 +126,18 @@ class PackedDecoder:
         scratch, keepalive = self._scratch(rows_total)
         like = x.new_empty(1, self.kv_heads, 0, self.head_dim)
         layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
-        for index, layer in enumerate(layers):
+        table = []  # per layer: the batch rows' key addresses, value addresses, capacities
+        for index in range(len(layers)):
             buffers = cache.row_buffers(index, ends, like)  # per batch row: keys, values [kv_heads, cap, head_dim]
-            kbase = torch.tensor([keys.data_ptr() for keys, _ in buffers], dtype=torch.int64)
-            vbase = torch.tensor([values.data_ptr() for _, values in buffers], dtype=torch.int64)
-            capacity = torch.tensor([keys.shape[1] for keys, _ in buffers], dtype=torch.int64)
+            table.append([[keys.data_ptr() for keys, _ in buffers], [values.data_ptr() for _, values in buffers],
+                          [keys.shape[1] for keys, _ in buffers]])
+        pointers = torch.tensor(table, dtype=torch.int64)  # [layers, 3, b], one tensor per pass
+        base, row_bytes = pointers.data_ptr(), b * pointers.element_size()
+        for index, layer in enumerate(layers):
+            at = base + 3 * index * row_bytes
             self._lib.decoder_layer(ctypes.addressof(layer), x.data_ptr(), rows_total, q, cos.data_ptr(),
-                                    sin.data_ptr(), kbase.data_ptr(), vbase.data_ptr(), capacity.data_ptr(),
-                                    slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch),
-                                    threads)
+                                    sin.data_ptr(), at, at + row_bytes, at + 2 * row_bytes, slot_list.data_ptr(),
+                                    visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
         states = self.norm(x.reshape(b, q, self.hidden))  # [b, q, hidden]
         kept = states[:, -1:] if keep_last else states  # [b, q_kept, hidden]
         if isinstance(self.head, PackedLinear):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 WEIGHTS = ("auto", "same", "fp32", "bf16", "int8", "int4", "gguf")
+QUANTIZED = ("int8", "int4", "gguf")  # formats that quantize the linear layers (float32 activations)
 DRAFT_WEIGHTS = ("auto", "same", "int8", "int4")  # a draft model's (same: the target's dtype)
 FLOAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS")
@@ -43,7 +44,7 @@ def resolve(choice: str, default: str, device: str, *, what: str = "weights", fa
     run is a WeightsError."""
     check(choice, WEIGHTS if what == "weights" else DRAFT_WEIGHTS, what)
     chosen = default if choice == "auto" else choice
-    if chosen not in ("int8", "int4", "gguf"):
+    if chosen not in QUANTIZED:
         return chosen
     reason = unavailable(chosen, device)
     if reason is None:
