@@ -241,6 +241,7 @@ class Engine:
         if not seqs and not chunks:
             return []
         began = time.perf_counter()
+        first = [seq.metrics.new_tokens == 0 for seq in seqs]
         for seq in seqs:
             remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
             wanted = seq.length.k if draft_len is None else draft_len(seq)
@@ -284,17 +285,19 @@ class Engine:
                 committed.append(Committed([], "", 0, None, error))
         finished = time.perf_counter()
         outcomes = []
-        for seq, draft, mine, verdict, done in zip(seqs, drafts, proposed, verdicts, committed):
+        for seq, draft, mine, verdict, done, opening in zip(seqs, drafts, proposed, verdicts, committed, first):
             seq.metrics.draft_s += drafted - began
             seq.metrics.verify_s += finished - drafted
             seq.metrics.total_s += finished - began
             if done.error is None:
                 # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
-                # draws) must not depend on timing, or the same seed would not give the same text. The drafter's
-                # own draft is judged: tokens the grammar forced say nothing of it
+                # draws) must not depend on timing, or the same seed would not give the same text. A sequence's
+                # first step is not timed either: its drafter reads the prompt then (a draft model prefills it,
+                # ~0.4 s for the Qwen pair), a one-off cost that would make the first window look slow. The
+                # drafter's own draft is judged: tokens the grammar forced say nothing of it
                 seeded = seq.ctx.sampling.seed is not None and not seq.ctx.sampling.greedy
                 seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
-                                  seconds=None if seeded else finished - began, committed=len(done.tokens))
+                                  seconds=None if seeded or opening else finished - began, committed=len(done.tokens))
             outcomes.append(StepOutcome(done.tokens, done.text, seq.ctx.k, draft.depth, len(verdict.accepted),
                                         drafted - began, finished - drafted, seq.finish_reason, done.error,
                                         done.forced, done.logprobs))

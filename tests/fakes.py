@@ -32,17 +32,18 @@ class Oracle(BaseDrafter):
 
 class TimedOracle(Oracle):
     """An all-right Oracle that advances a fake clock (anything with a `now` in seconds) by `cost` whenever it
-    proposes a non-empty draft."""
+    proposes a non-empty draft, and by `first_cost` more on its first (a draft model prefilling the prompt)."""
 
     name = "timed-oracle"
 
-    def __init__(self, truth: list[int], prompt_len: int, clock, cost: float):
+    def __init__(self, truth: list[int], prompt_len: int, clock, cost: float, first_cost: float = 0.0):
         super().__init__(truth, prompt_len)
-        self.clock, self.cost = clock, cost
+        self.clock, self.cost, self.first_cost = clock, cost, first_cost
 
     def propose(self, seqs):
         drafts = super().propose(seqs)
-        self.clock.now += self.cost * sum(1 for draft in drafts if len(draft))
+        self.clock.now += self.cost * sum(1 for draft in drafts if len(draft)) + self.first_cost
+        self.first_cost = 0.0
         return drafts
 
 

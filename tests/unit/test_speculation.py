@@ -177,9 +177,26 @@ def test_engine_times_steps_and_pauses_a_drafter_that_costs_more_per_token(cost,
     assert output == plain  # K never changes greedy output
     # every draft is fully accepted (5 tokens per step): 220 ms per step is 44 ms per token, more than a plain
     # step's 20; 60 ms per step is 12 ms per token, less (per STEP it is more: the rule must count tokens)
-    assert trace[:3] == [4, 4, 4]
-    assert trace[3:3 + PLAIN_SAMPLES] == [0] * PLAIN_SAMPLES  # the first window asks for the plain cost
+    # the first step is not timed (the drafter reads the prompt): the first window timed throughout is steps 2-4
+    assert trace[:4] == [4, 4, 4, 4]
+    assert trace[4:4 + PLAIN_SAMPLES] == [0] * PLAIN_SAMPLES  # the first window asks for the plain cost
     assert (trace.count(0) > PLAIN_SAMPLES) == pauses
+
+
+def test_a_slow_first_step_does_not_pause_a_drafter_that_pays(tiny_target, tiny_tokenizer, monkeypatch):
+    """The drafter's one-off start (a draft model prefilling a long prompt: 2 s here) is not charged to the
+    window: drafting at 12 ms per token against 20 plain goes on after the measuring pause."""
+    ids = tiny_tokenizer("the cat sat on the mat")["input_ids"]
+    plain = Engine(tiny_target, NONE_SPEC.build(tiny_target, DrafterConfig(), SPEC), SPEC).generate(
+        ids, SamplingConfig(), GenerationConfig(max_new_tokens=N, stop_on_eos=False)).token_ids
+    traces = []
+    for first_cost in (2.0, 0.0):
+        clock = FakeClock()
+        monkeypatch.setattr(engine_module, "time", clock)
+        engine = Engine(tiny_target, TimedOracle(plain, len(ids), clock, 0.040, first_cost), SPEC)
+        traces.append(k_trace(engine, ids, SamplingConfig())[0])
+    assert traces[0] == traces[1]
+    assert traces[0].count(0) == PLAIN_SAMPLES  # only the measuring pause
 
 
 def test_seeded_sampling_ignores_step_times(tiny_target, tiny_tokenizer, monkeypatch):
