@@ -39,8 +39,9 @@ class SpeculationLength:
     one cheap draft rather than K. While the window slides on after it paid, every drafting step re-judges it.
 
     Costs (time rule): a drafting step costs its whole wall time (drafting, verify pass, commit; a sequence's
-    first step, where the drafter reads the prompt, is passed untimed by the engine), charged to the window of the last pause_window drafting steps: sum of seconds / sum of committed tokens. A plain step
-    is one that drafted nothing: a pause step, or a step where the drafter found nothing to propose (prompt
+    first step, where the drafter reads the prompt, is passed untimed by the engine), charged to the window of
+    the last pause_window drafting steps: sum of seconds / sum of committed tokens. A plain step is one that
+    drafted nothing: a pause step, or a step where the drafter found nothing to propose (prompt
     lookup without a match). The plain cost is the median seconds per token of the last pause_window (at least
     PLAIN_SAMPLES) plain steps: a median, so one slow step (a hiccup, or a model drafter that ran and then
     proposed nothing) does not move it. When a window completes before PLAIN_SAMPLES plain steps were timed,
