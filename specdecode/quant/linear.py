@@ -22,7 +22,6 @@ from . import native
 BLOCK = 32  # inputs per quantization block
 GROUP = 8  # output columns packed together
 FORMATS = ("q4", "q8")
-_LANE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # q4: the order kernels.c's reduction leaves a group's columns in
 
 
 def packable(linear: nn.Linear) -> bool:
@@ -67,15 +66,12 @@ class PackedLinear(nn.Module):
         if fmt == "q4":
             codes, d, m = quantize_q4(linear.weight)
             nibbles = codes[..., :16] | (codes[..., 16:] << 4)  # [N, K/32, 16]: j low, j + 16 high
-            packed = nibbles.reshape(groups, GROUP, blocks, 16).transpose(1, 2).reshape(groups, blocks, 128)
-            order = list(_LANE_ORDER)
-            self.register_buffer("codes", packed.contiguous())
-            self.register_buffer("d", d.reshape(groups, GROUP, blocks)[:, order].transpose(1, 2).contiguous())
-            self.register_buffer("m", m.reshape(groups, GROUP, blocks)[:, order].transpose(1, 2).contiguous())
+            self.register_buffer("codes", _interleave(nibbles, groups, blocks))
+            self.register_buffer("d", d.reshape(groups, GROUP, blocks).transpose(1, 2).contiguous())
+            self.register_buffer("m", m.reshape(groups, GROUP, blocks).transpose(1, 2).contiguous())
         else:
             codes, d = quantize_q8(linear.weight)
-            packed = codes.reshape(groups, GROUP, blocks, BLOCK).transpose(1, 2).reshape(groups, blocks, 256)
-            self.register_buffer("codes", packed.contiguous())
+            self.register_buffer("codes", _interleave(codes, groups, blocks))
             self.register_buffer("d", d.reshape(groups, GROUP, blocks).transpose(1, 2).contiguous())
             self.m = None
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(),
@@ -103,16 +99,12 @@ class PackedLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         """The dequantised weight [N, K] in float32, made on demand: for code that reads a layer's weight (an
         EAGLE head copies rows of the target's), never on the decoding path."""
-        groups, blocks = self.codes.shape[:2]
         if self.fmt == "q4":
-            nibbles = self.codes.reshape(groups, blocks, GROUP, 16)
+            nibbles = _deinterleave(self.codes)  # [G, B, 8, 16]
             codes = torch.cat([nibbles & 15, nibbles >> 4], -1).float()  # [G, B, 8, 32]
-            inverse = [_LANE_ORDER.index(c) for c in range(GROUP)]
-            d = self.d.float()[:, :, inverse, None]
-            m = self.m.float()[:, :, inverse, None]
-            values = codes * d + m
+            values = codes * self.d.float()[..., None] + self.m.float()[..., None]
         else:
-            values = self.codes.reshape(groups, blocks, GROUP, BLOCK).float() * self.d.float()[..., None]
+            values = _deinterleave(self.codes).float() * self.d.float()[..., None]
         return values.transpose(1, 2).reshape(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
@@ -128,6 +120,21 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.fmt}"
+
+
+def _interleave(codes: torch.Tensor, groups: int, blocks: int) -> torch.Tensor:
+    """codes [N, K/32, L] (a block's L bytes per column) -> [N/8, K/32, 8 L] in kernels.c's order: the group's 8
+    columns interleaved 4 bytes at a time, byte 32 t + 4 c + i = column c's byte 4 t + i."""
+    width = codes.shape[-1]
+    words = codes.reshape(groups, GROUP, blocks, width // 4, 4)  # [G, c, B, t, i]
+    return words.permute(0, 2, 3, 1, 4).reshape(groups, blocks, GROUP * width).contiguous()
+
+
+def _deinterleave(packed: torch.Tensor) -> torch.Tensor:
+    """_interleave's inverse: [N/8, K/32, 8 L] -> [N/8, K/32, 8, L] (group, block, column, byte)."""
+    groups, blocks, size = packed.shape
+    words = packed.reshape(groups, blocks, size // (4 * GROUP), GROUP, 4)  # [G, B, t, c, i]
+    return words.permute(0, 1, 3, 2, 4).reshape(groups, blocks, GROUP, size // GROUP)
 
 
 def _packed_matmul(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor,
