@@ -30,17 +30,22 @@ class SpecDecoder:
 
     @classmethod
     def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
-             draft_weights: str = "auto", exit_layer: int | None = None, lookahead: tuple[int, int, int] | None = None,
-             suffix_store: int | None = None, spec: SpecConfig | None = None, device: str = "cpu",
+             draft_weights: str = "auto", draft_vocab: int | None = None, exit_layer: int | None = None,
+             lookahead: tuple[int, int, int] | None = None, suffix_store: int | None = None, spec: SpecConfig | None = None, device: str = "cpu",
              dtype: str | None = None, weights: str = "auto", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         if suffix_store is not None and (isinstance(suffix_store, bool) or not isinstance(suffix_store, int)
                                          or suffix_store < 1):
             raise ConfigError(f"suffix_store must be a positive number of tokens or None, got {suffix_store!r}")
+        if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
+                                        or draft_vocab < 0):
+            raise ConfigError(f"draft_vocab must be a number of tokens (0: the whole vocabulary) or None, "
+                              f"got {draft_vocab!r}")
         model = fspath(model) if model is not None else None  # a pathlib.Path works too
         given = {"exit_layer": exit_layer is not None, "lookahead": lookahead is not None,
                  "draft_model": draft_model is not None, "draft_weights": draft_weights != "auto",
+                 "draft_vocab": draft_vocab is not None,
                  "confidence": spec.confidence != 0, "suffix_store": suffix_store is not None}
         resolved = best_drafter_name(device.partition(":")[0], draft_model is not None) if drafter == AUTO else drafter
         check_options_read(given, [resolved])
@@ -49,7 +54,7 @@ class SpecDecoder:
         loaded = load_model(model, device=device, dtype=dtype, weights=weights)
         target = Target(loaded.model, loaded.tokenizer, fast)
         drafter_impl = build_drafter(
-            target, DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights,
+            target, DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights, draft_vocab=draft_vocab,
                                   exit_layer=exit_layer, lookahead=lookahead, suffix_store=suffix_store), spec
         )
         engine = Engine(target, drafter_impl, spec, max_batch=max_batch)

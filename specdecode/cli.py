@@ -36,7 +36,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_drafter_flags(args, [drafter], drafter if drafter == args.drafter else f"{args.drafter} (here: {drafter})")
     spec_config(args)  # its errors before the model loads
     decoder = SpecDecoder.load(args.model, args.drafter, draft_model=args.draft_model, draft_weights=args.draft_weights,
-                               exit_layer=args.exit_layer, lookahead=args.lookahead, suffix_store=args.suffix_store,
+                               draft_vocab=args.draft_vocab, exit_layer=args.exit_layer, lookahead=args.lookahead, suffix_store=args.suffix_store,
                                spec=spec_config(args),
                                device=args.device, dtype=default_dtype(args), weights=args.weights,
                                fast=fast_config(args))

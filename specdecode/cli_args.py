@@ -39,6 +39,9 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
                         help="draft-model: int4 / int8 weights (auto: int4 on the CPU, where measured fastest) or the "
                              "target's dtype (same)")
+    parser.add_argument("--draft-vocab", type=_count, default=None, metavar="N",
+                        help="draft-model: score only the draft head's first N token ids plus the tokens seen "
+                             "(default: the whole vocabulary)")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
                         help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
@@ -81,6 +84,16 @@ def _positive_tokens(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens (0 or more), got {text!r}")
+    return value
+
+
 def device_arg(text: str) -> str:
     """argparse type for --device (config.check_device)."""
     try:
@@ -95,6 +108,7 @@ def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: st
 
     given = {"exit_layer": args.exit_layer is not None, "lookahead": args.lookahead is not None,
              "draft_model": args.draft_model is not None, "draft_weights": args.draft_weights != "auto",
+             "draft_vocab": args.draft_vocab is not None,
              "confidence": args.confidence != 0, "suffix_store": args.suffix_store is not None}
     check_options_read(given, drafters, shown)
 

@@ -45,7 +45,7 @@ def save_tiny(directory, model, tokenizer) -> str:
 
 
 def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_layer: int = 2,
-                 row_cost: float | None = None, draft_weights: str = "auto"):
+                 row_cost: float | None = None, draft_weights: str = "auto", draft_vocab: int | None = None):
     """Any registered drafter for a tiny target: head drafters get random heads, draft-model gets draft_dir."""
     from specdecode.drafters import DrafterConfig, build_drafter, registry
 
@@ -53,5 +53,5 @@ def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_lay
     if entry.untrained is not None:
         return entry.untrained(target, spec)
     config = DrafterConfig(name=name, draft_model=draft_dir if entry.needs_draft_model else None, exit_layer=exit_layer,
-                           row_cost=row_cost, draft_weights=draft_weights)
+                           row_cost=row_cost, draft_weights=draft_weights, draft_vocab=draft_vocab)
     return build_drafter(target, config, spec)

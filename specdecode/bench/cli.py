@@ -40,6 +40,9 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
                         help="specdecode-draft-model's and hf-assisted-same-draft's draft: int4 / int8 (auto: int4 on the CPU) "
                              "or the target's dtype (hf-assisted always uses the draft as loaded)")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="specdecode-draft-model: the draft head's shortlist (default: the whole "
+                             "vocabulary)")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="layer-skip / hf-early-exit exit layer (default: a third of the layers)")
     parser.add_argument("--suffix-store", type=int, default=None, metavar="TOKENS",
@@ -68,7 +71,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype, weights=args.weights,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, k=args.k, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
-        hf_draft_tokens=args.hf_draft_tokens, hf_assistant_schedule=args.hf_assistant_schedule,
+        draft_vocab=args.draft_vocab, hf_draft_tokens=args.hf_draft_tokens, hf_assistant_schedule=args.hf_assistant_schedule,
         suffix_store=args.suffix_store,
         heads=tuple(args.head), seed=args.seed, threads=args.threads,
         warmup=not args.no_warmup, progress=not args.no_progress, compile=args.compile,

@@ -51,6 +51,7 @@ class BenchConfig:
     compile: bool | None = None  # specdecode methods on the fast path; None: on for cuda, off on cpu
     draft_weights: str = "auto"  # specdecode-draft-model, hf-assisted-same-draft: int8 draft on the CPU (auto)
     suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens
+    draft_vocab: int | None = None  # specdecode-draft-model: the draft head's shortlist (None, 0: the whole head)
     warmup: bool = True
     progress: bool = True
 
@@ -72,6 +73,8 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
         raise ConfigError("--k and --hf-draft-tokens must be positive integers")
     if config.suffix_store is not None and config.suffix_store <= 0:
         raise ConfigError(f"--suffix-store must be a positive number of tokens, got {config.suffix_store}")
+    if config.draft_vocab is not None and config.draft_vocab < 0:
+        raise ConfigError(f"--draft-vocab must be 0 (the whole vocabulary) or a number of tokens, got {config.draft_vocab}")
     if config.hf_assistant_schedule not in (None, *methods_mod.SCHEDULES):
         raise ConfigError(f"--hf-assistant-schedule must be one of {', '.join(methods_mod.SCHEDULES)}, "
                           f"got {config.hf_assistant_schedule!r}")
@@ -107,6 +110,7 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
         "--draft-weights": (config.draft_weights != "auto", {ours + "draft-model", same}),
         "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model"}),
         "--suffix-store": (config.suffix_store is not None, {ours + "suffix"}),
+        "--draft-vocab": (config.draft_vocab is not None, {ours + "draft-model"}),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
     for flag, (given, readers) in used.items():
@@ -133,7 +137,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
     heads = methods_mod.parse_heads(list(config.heads))
     compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
     options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights,
-                          config.hf_assistant_schedule or "heuristic", config.suffix_store)
+                          config.hf_assistant_schedule or "heuristic", config.suffix_store, config.draft_vocab)
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
     for name, reason in skipped.items():

@@ -28,6 +28,7 @@ import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import DrafterConfig, build_drafter, registry
+from ..drafters.draft_model import DraftModel
 from ..drafters.suffix import Suffix
 from ..engine import Engine
 from ..fast import FastPathConfig
@@ -110,6 +111,7 @@ class PeerOptions:
     draft_weights: str = "auto"
     assistant_schedule: str = "heuristic"  # num_assistant_tokens_schedule of the assisted peers (SCHEDULES)
     suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens (None: its default)
+    draft_vocab: int | None = None  # specdecode-draft-model: the draft head's shortlist (None, 0: the whole head)
 
     @property
     def prompt_lookup_num_tokens(self) -> int:
@@ -215,7 +217,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             heads = dict(options.heads)
             draft = heads.get(drafter) or (bench.draft_spec if registry()[drafter].needs_draft_model else None)
             config = DrafterConfig(name=drafter, draft_model=draft, exit_layer=exit_layer,
-                                   draft_weights=options.draft_weights, suffix_store=options.suffix_store)
+                                   draft_weights=options.draft_weights, suffix_store=options.suffix_store,
+                                   draft_vocab=options.draft_vocab)
             spec = SpecConfig(k=options.k)
             try:
                 engine = Engine(target, build_drafter(target, config, spec), spec, max_batch=1)
@@ -232,6 +235,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
                       **({"draft_model": draft, "draft_weights": _drafter_weights(options.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}
+            if isinstance(engine.drafter, DraftModel):  # the draft head's shortlist (0: the whole vocabulary)
+                params["draft_vocab"] = engine.drafter.shortlist.size if engine.drafter.shortlist else 0
             if isinstance(engine.drafter, Suffix):  # one store over the whole run, in question order
                 params["suffix_store"] = engine.drafter.config.store_tokens
             reset = engine.drafter.clear if isinstance(engine.drafter, Suffix) else None

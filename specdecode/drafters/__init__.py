@@ -30,6 +30,7 @@ AUTO = "auto"
 # drafter, one would be ignored
 OPTION_READERS = {"exit_layer": ("layer-skip",), "lookahead": ("lookahead",),
                   "draft_model": ("draft-model", "eagle", "medusa"), "draft_weights": ("draft-model",),
+                  "draft_vocab": ("draft-model",),
                   "confidence": ("layer-skip", "draft-model"), "suffix_store": ("suffix",)}
 
 

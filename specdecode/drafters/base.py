@@ -146,6 +146,7 @@ class DrafterConfig:
     # prompt-lookup, lookahead: cost of one more verify row in one-token passes; None = by device (row_budget)
     row_cost: float | None = None
     draft_weights: str = "auto"  # draft-model: "auto" (int8 on the CPU), "int8" or "same" (int8_draft.py)
+    draft_vocab: int | None = None  # draft-model: score only its head's first N ids + those seen (shortlist.py)
     suffix_store: int | None = None  # suffix: the store's cap in tokens (None: SuffixConfig's default)
 
 

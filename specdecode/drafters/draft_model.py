@@ -15,6 +15,7 @@ from ..target import Target
 from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model_step import choose, feed_chain
+from .shortlist import ShortlistHead, shortlist_size
 
 
 @dataclass
@@ -37,6 +38,8 @@ class DraftModel(RowStateDrafter):
                 "the draft model's tokenizer differs from the target's; cross-tokenizer drafting is not supported"
             )
         self.draft, self.vocab, self.confidence = draft, target.vocab_size, confidence
+        head = draft.model.get_output_embeddings()
+        self.shortlist = head if isinstance(head, ShortlistHead) else None
         self.cache = draft.new_cache(rows=1, capacity=256)
         super().__init__()
 
@@ -46,6 +49,8 @@ class DraftModel(RowStateDrafter):
 
     def _forward(self, state: _State, new: list[int]) -> torch.Tensor:
         """Feed `new` after state.cached; returns logits [draft_vocab] after the last of them."""
+        if self.shortlist is not None:
+            self.shortlist.add(new)
         return feed_chain(self.draft, self.cache, state.row, self._pool.rows, state.cached, new)
 
     def _draft_one(self, seq: SequenceContext) -> Draft:
@@ -79,10 +84,13 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
                           "draft_model")
     fmt = draft_format(config.draft_weights, target.device)
     loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype, weights=fmt)
-    draft = Target(loaded.model, loaded.tokenizer)
-    if target.tokenizer is not None and not same_tokenizer(draft.tokenizer, target.tokenizer):
-        return CrossTokenizerDrafter(draft, target, spec.confidence)
-    return DraftModel(draft, target, spec.confidence)
+    if target.tokenizer is not None and not same_tokenizer(loaded.tokenizer, target.tokenizer):
+        return CrossTokenizerDrafter(Target(loaded.model, loaded.tokenizer), target, spec.confidence)
+    head = loaded.model.get_output_embeddings()
+    size = shortlist_size(config.draft_vocab, head)
+    if size is not None:  # before Target reads the head
+        loaded.model.set_output_embeddings(ShortlistHead(head, size))
+    return DraftModel(Target(loaded.model, loaded.tokenizer), target, spec.confidence)
 
 
 SPEC = DrafterSpec("draft-model", _build, "an independent smaller LM (any tokenizer: a different one drafts via text)",

@@ -140,7 +140,7 @@ class PackedDecoder:
                                     visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
         states = self.norm(x.reshape(b, q, self.hidden))  # [b, q, hidden]
         kept = states[:, -1:] if keep_last else states  # [b, q_kept, hidden]
-        if isinstance(self.head, PackedLinear):
+        if getattr(self.head, "threaded", False):  # a PackedLinear, or a draft's shortlist of one
             logits = self.head(kept, threads)
         else:  # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
             flat = kept.reshape(-1, self.hidden)

@@ -54,6 +54,8 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class PackedLinear(nn.Module):
     """nn.Linear with q4 or q8 weights packed for kernels.c; float32 in and out."""
 
+    threaded = True  # forward takes a thread count (quant/decoder.py passes CpuShare's)
+
     def __init__(self, linear: nn.Linear, fmt: str):
         super().__init__()
         if fmt not in FORMATS:

@@ -134,6 +134,7 @@ def _drafter_config(args: argparse.Namespace, name: str):
     from ..drafters import DrafterConfig
 
     return DrafterConfig(name=name, draft_model=args.draft_model, draft_weights=args.draft_weights,
+                         draft_vocab=args.draft_vocab,
                          exit_layer=args.exit_layer, lookahead=args.lookahead, suffix_store=args.suffix_store)
 
 

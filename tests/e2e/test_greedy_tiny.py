@@ -61,6 +61,22 @@ def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_to
     _check_greedy(Engine(tiny_target, drafter, spec), "draft-model", tiny_tokenizer, references)
 
 
+@pytest.mark.parametrize("weights", ["same", "int4"])
+def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
+    """The draft head cut to its first 64 of 259 ids plus the tokens seen (drafters/shortlist.py): drafts the
+    target rejects more often, the same output."""
+    from specdecode.drafters.shortlist import ShortlistHead
+    from specdecode.quant import native
+
+    if weights == "int4" and native.missing():
+        pytest.skip(native.missing())
+    spec = SpecConfig(k=4)
+    drafter = tiny_drafter(tiny_target, "draft-model", spec, tiny_draft_dir, draft_weights=weights, draft_vocab=64)
+    assert isinstance(drafter.shortlist, ShortlistHead) and drafter.shortlist.size == 64
+    _check_greedy(Engine(tiny_target, drafter, spec), "draft-model", tiny_tokenizer, references)
+    assert len(drafter.shortlist.ids) > 0  # tokens beyond the first 64 were seen and scored
+
+
 def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references) -> None:
     proposed = 0
     for key, text in PROMPTS.items():

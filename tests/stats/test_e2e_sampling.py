@@ -8,6 +8,7 @@ import pytest
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import registry
 from specdecode.drafters.draft_model import DraftModel
+from specdecode.drafters.shortlist import ShortlistHead
 from specdecode.engine import Engine
 from specdecode.int8_draft import quantize_linears
 from specdecode.target import Target
@@ -21,17 +22,19 @@ SAMPLES = 1000
 
 
 def build(name: str, target: Target, spec: SpecConfig):
-    if name in ("draft-model", "draft-model-int8"):  # q drawn from the draft, at full precision or int8
+    if name.startswith("draft-model"):  # q drawn from the draft: full precision, int8, or over a shortlist
         model = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None)
         if name.endswith("int8"):
             assert quantize_linears(model)
+        if name.endswith("shortlist"):  # q is zero beyond the first half of the ids (and the prompt's tokens)
+            model.set_output_embeddings(ShortlistHead(model.get_output_embeddings(), VOCAB // 2))
         return DraftModel(Target(model), target)
     # table drafters with free rows: every match drafted in full, so their deterministic drafts are always
     # verified (at a measured CPU row cost they would mostly decline on a random model)
     return tiny_drafter(target, name, spec, exit_layer=1, row_cost=0.0)
 
 
-@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["draft-model-int8"])
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["draft-model-int8", "draft-model-shortlist"])
 def test_first_tokens_follow_target(name, target, exact):
     spec = SpecConfig(k=2)
     engine = Engine(target, build(name, target, spec), spec)

@@ -22,6 +22,8 @@ def decoder(tiny_model_dir) -> SpecDecoder:
     (dict(drafter="prompt-lookup", draft_model="x"), "draft_model has no effect"),
     (dict(drafter="prompt-lookup", lookahead=(1, 4, 1)), "lookahead has no effect"),
     (dict(drafter="prompt-lookup", draft_weights="int8"), "draft_weights has no effect"),
+    (dict(drafter="prompt-lookup", draft_vocab=4096), "draft_vocab has no effect"),
+    (dict(drafter="draft-model", draft_model="x", draft_vocab=-1), "draft_vocab must be a number of tokens"),
     (dict(drafter="auto", spec=SpecConfig(confidence=0.5)), "confidence has no effect"),
     (dict(drafter="layer-skip", exit_layer="2"), "exit_layer must be an integer"),
     (dict(drafter="lookahead", lookahead=(1, 4)), "lookahead must be three integers"),
