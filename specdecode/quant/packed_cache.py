@@ -40,12 +40,26 @@ def path_for(source: str, fmt: str, root: Path, extra: str = "") -> Path | None:
     digest = hashlib.sha256()
     for part in (str(directory.resolve()), fingerprint, fmt, extra, str(FORMAT), *(p.read_text() for p in _CODE)):
         digest.update(part.encode() + b"\0")
-    return root / "packed" / f"{directory.name}-{fmt}-{digest.hexdigest()[:16]}.pt"
+    return root / "packed" / f"{_stem(directory, fmt, extra)}-{digest.hexdigest()[:16]}.pt"
+
+
+def _stem(directory: Path, fmt: str, extra: str) -> str:
+    """What every copy of one model in one format shares, whatever the model files' or packing code's version."""
+    where = hashlib.sha256(f"{directory.resolve()}|{extra.partition('|')[0]}".encode()).hexdigest()[:8]
+    return f"{directory.name}-{fmt}-{where}"
+
+
+def _stale(path: Path) -> list[Path]:
+    """Older copies of the model `path` is for: the same stem, another digest (a changed model or packing code)."""
+    stem = path.stem.rsplit("-", 1)[0]
+    return [other for other in path.parent.glob(f"{stem}-*.pt") if other != path and
+            other.stem.rsplit("-", 1)[0] == stem]
 
 
 def save(model: nn.Module, path: Path) -> bool:
     """Write the packed model's tensors to `path` atomically -> whether it was written (a full disk is not an
-    error: the next load packs again)."""
+    error: the next load packs again). Older copies of the same model and format are deleted: each is as large
+    as the model in its format (1.5 GB for the Qwen 1.5B in int4), and nothing reads them again."""
     packed, half, skip = {}, {}, set()
     for name, module in model.named_modules():
         if isinstance(module, PackedLinear):
@@ -69,6 +83,11 @@ def save(model: nn.Module, path: Path) -> bool:
                 os.remove(staging)
     except OSError:
         return False
+    for old in _stale(path):
+        try:
+            old.unlink()
+        except OSError:  # another process's, or gone already
+            pass
     return True
 
 

@@ -51,6 +51,23 @@ def test_a_damaged_copy_is_packed_again(tiny_model_dir, cache_dir):
     assert path.stat().st_size > 1000  # rewritten
 
 
+def test_a_changed_packing_replaces_the_older_copy(tiny_model_dir, cache_dir, monkeypatch, tmp_path):
+    """A new version of the packing code (another digest) writes a new copy and deletes the old one; copies of
+    other formats stay."""
+    from specdecode.quant import packed_cache
+
+    load_model(tiny_model_dir, weights="int8")
+    load_model(tiny_model_dir, weights="int4")
+    [old] = (cache_dir / "packed").glob("*-int4-*.pt")
+    changed = tmp_path / "linear.py"
+    changed.write_text(packed_cache._CODE[0].read_text() + "\n# a newer packing\n")
+    monkeypatch.setattr(packed_cache, "_CODE", (changed,))
+    load_model(tiny_model_dir, weights="int4")
+    [new] = (cache_dir / "packed").glob("*-int4-*.pt")
+    assert new != old and not old.exists()
+    assert len(list((cache_dir / "packed").glob("*-int8-*.pt"))) == 1
+
+
 def test_float_weights_are_not_cached(tiny_model_dir, cache_dir):
     load_model(tiny_model_dir, weights="fp32")
     assert not (cache_dir / "packed").exists()
