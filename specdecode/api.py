@@ -16,6 +16,7 @@ from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, che
 from .engine import Engine, Result, Sequence, StepOutcome
 from .fast import FastPathConfig
 from .models import load_model
+from .own_thread import run_in_own_thread
 from .target import Target
 
 DEFAULT_DRAFTER = AUTO  # the best measured drafter for the device and model (drafters.best_drafter_name)
@@ -51,15 +52,21 @@ class SpecDecoder:
         check_options_read(given, [resolved])
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise OptionError("{device} cuda requested but no CUDA device is available", "device")
-        loaded = load_model(model, device=device, dtype=dtype, weights=weights)
-        target = Target(loaded.model, loaded.tokenizer, fast)
-        drafter_impl = build_drafter(
-            target, DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights, draft_vocab=draft_vocab,
-                                  exit_layer=exit_layer, lookahead=lookahead, suffix_store=suffix_store), spec
-        )
-        engine = Engine(target, drafter_impl, spec, max_batch=max_batch)
-        engine.warmup()
-        return cls(target, engine)
+        drafter_config = DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights,
+                                       draft_vocab=draft_vocab, exit_layer=exit_layer, lookahead=lookahead,
+                                       suffix_store=suffix_store)
+
+        def build() -> Engine:
+            loaded = load_model(model, device=device, dtype=dtype, weights=weights)
+            target = Target(loaded.model, loaded.tokenizer, fast)
+            engine = Engine(target, build_drafter(target, drafter_config, spec), spec, max_batch=max_batch)
+            engine.warmup()
+            return engine
+
+        # on the CPU the loading thread's OpenMP team must not outlive the load (own_thread.py); CUDA graphs are
+        # captured by the warm-up and stay with the thread that captured them
+        engine = build() if device.startswith("cuda") else run_in_own_thread(build)
+        return cls(engine.target, engine)
 
     @property
     def tokenizer(self):

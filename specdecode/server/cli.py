@@ -74,7 +74,16 @@ def check_limits(args: argparse.Namespace) -> None:
 
 def build_service(args: argparse.Namespace, api_key: str | None = None):
     """Load the model and drafters named by the flags; returns an app Service (the scheduler is not started).
-    With an api_key, /v1/* needs `Authorization: Bearer <api_key>`."""
+    With an api_key, /v1/* needs `Authorization: Bearer <api_key>`. On the CPU the load runs on a thread that
+    ends, so the scheduler's thread, which decodes, owns the only OpenMP team (own_thread.py)."""
+    from ..own_thread import run_in_own_thread
+
+    if str(args.device).startswith("cuda"):
+        return _build_service(args, api_key)
+    return run_in_own_thread(_build_service, args, api_key)
+
+
+def _build_service(args: argparse.Namespace, api_key: str | None):
     from ..cli_args import default_dtype, fast_config, spec_config
     from ..drafters import build_drafter
     from ..models import load_model
