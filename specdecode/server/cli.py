@@ -33,7 +33,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                              f"never can 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or of the free GPU memory "
                              "after loading)")
     parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
-                        help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU), "
+                        help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU, int4 or fp32), "
                              "calibrate (measure this model at startup), fixed (always --k)")
 
 
@@ -89,7 +89,7 @@ def _build_service(args: argparse.Namespace, api_key: str | None):
     from ..models import load_model
     from ..target import Target
     from .app import ServerConfig, build_service as build
-    from .policy import SMOLLM2_CPU, SpecPolicy, calibrate
+    from .policy import SpecPolicy, builtin_table, calibrate
 
     names = resolve_drafters(args)
     spec = spec_config(args)
@@ -105,7 +105,7 @@ def _build_service(args: argparse.Namespace, api_key: str | None):
                 for name in dict.fromkeys(names)}
     policy = None
     if args.k_policy == "measured":
-        policy = SpecPolicy(SMOLLM2_CPU, max_k=spec.max_k if spec.adaptive else spec.k)
+        policy = SpecPolicy(builtin_table(target.packed_decoder), max_k=spec.max_k if spec.adaptive else spec.k)
     elif args.k_policy == "calibrate":
         table = calibrate(target, batches=_powers(args.max_batch))
         print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)

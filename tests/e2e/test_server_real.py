@@ -9,7 +9,7 @@ import pytest
 
 from specdecode.drafters import DrafterConfig, build_drafter
 from specdecode.server.app import ServerConfig, build_service
-from specdecode.server.policy import SMOLLM2_CPU, SpecPolicy
+from specdecode.server.policy import SpecPolicy, builtin_table
 from tests.e2e.server_util import SPEC, chat_ids, reference, serving
 
 QUESTIONS = ["List the days of the week, separated by commas.",
@@ -22,7 +22,7 @@ def test_default_model_concurrent_chat(default_target):
     expected = [reference(default_target, chat_ids(default_target.tokenizer, q), MAX_TOKENS).text for q in QUESTIONS]
     drafters = {"prompt-lookup": build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC)}
     service = build_service(default_target, drafters, "prompt-lookup", ServerConfig("smollm2", max_batch=4), SPEC,
-                            SpecPolicy(SMOLLM2_CPU, max_k=SPEC.k))
+                            SpecPolicy(builtin_table(default_target.packed_decoder), max_k=SPEC.k))
     with serving(service) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 

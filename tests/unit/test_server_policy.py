@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.server.policy import SMOLLM2_CPU, AcceptanceStats, CostTable, RowEstimate, SpecPolicy
+from specdecode.server.policy import (SMOLLM2_CPU_FP32, SMOLLM2_CPU_INT4, AcceptanceStats, CostTable, RowEstimate,
+                                      SpecPolicy, builtin_table)
 
 # A CPU-like table: at batch 1 extra tokens are cheap; at batch 16 the pass grows ~linearly with tokens.
 TABLE = CostTable(batches=(1, 16), qs=(1, 5), ms=((100.0, 140.0), (400.0, 1600.0)))
@@ -43,11 +44,20 @@ def test_choose_k_counts_plain_rows_and_draft_cost():
     assert policy.choose_k(1, _rows(1, 0.9, k=2)) == 2  # a row's own K bounds the cap
 
 
-def test_measured_table_turns_speculation_down_as_the_batch_grows():
-    policy = SpecPolicy(SMOLLM2_CPU, max_k=5)
+@pytest.mark.parametrize("table", [SMOLLM2_CPU_FP32, SMOLLM2_CPU_INT4], ids=["fp32", "int4"])
+def test_measured_table_turns_speculation_down_as_the_batch_grows(table):
+    policy = SpecPolicy(table, max_k=5)
     ks = [policy.choose_k(b, _rows(b, 0.6, 0.7, 5)) for b in (1, 2, 4, 8, 16)]
     assert ks[0] > 0 and ks[-1] == 0
     assert ks == sorted(ks, reverse=True)
+
+
+def test_the_int4_table_stops_drafting_at_a_smaller_batch_than_the_fp32_one():
+    """Rows are compute in int4: at 4 rows and acceptance 0.6-0.7 drafting no longer pays there."""
+    ks = {name: [SpecPolicy(table, max_k=5).choose_k(b, _rows(b, 0.6, 0.7, 5)) for b in (1, 2, 4, 8, 16)]
+          for name, table in (("fp32", builtin_table(False)), ("int4", builtin_table(True)))}
+    last = {name: max(b for b, k in zip((1, 2, 4, 8, 16), found) if k > 0) for name, found in ks.items()}
+    assert last["int4"] < last["fp32"], ks
 
 
 def test_acceptance_stats():
