@@ -50,10 +50,17 @@ def _stem(directory: Path, fmt: str, extra: str) -> str:
 
 
 def _stale(path: Path) -> list[Path]:
-    """Older copies of the model `path` is for: the same stem, another digest (a changed model or packing code)."""
+    """Older copies of the model `path` is for: the same stem, another digest (a changed model or packing code),
+    or the name an earlier version gave them (the stem without its location part, then the digest)."""
     stem = path.stem.rsplit("-", 1)[0]
-    return [other for other in path.parent.glob(f"{stem}-*.pt") if other != path and
-            other.stem.rsplit("-", 1)[0] == stem]
+    legacy = stem.rsplit("-", 1)[0]  # "<model>-<format>"
+    found = []
+    for other in path.parent.glob(f"{legacy}-*.pt"):
+        parts = other.stem[len(legacy) + 1:].split("-")
+        same_model = parts[0] == stem.rsplit("-", 1)[1] and len(parts) == 2
+        if other != path and (same_model or (len(parts) == 1 and len(parts[0]) == 16)):
+            found.append(other)
+    return found
 
 
 def save(model: nn.Module, path: Path) -> bool:

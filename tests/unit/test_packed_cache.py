@@ -59,12 +59,14 @@ def test_a_changed_packing_replaces_the_older_copy(tiny_model_dir, cache_dir, mo
     load_model(tiny_model_dir, weights="int8")
     load_model(tiny_model_dir, weights="int4")
     [old] = (cache_dir / "packed").glob("*-int4-*.pt")
+    earlier = old.with_name(old.stem.split("-int4-")[0] + "-int4-0123456789abcdef.pt")  # an earlier version's name
+    earlier.write_bytes(b"an older packed copy")
     changed = tmp_path / "linear.py"
     changed.write_text(packed_cache._CODE[0].read_text() + "\n# a newer packing\n")
     monkeypatch.setattr(packed_cache, "_CODE", (changed,))
     load_model(tiny_model_dir, weights="int4")
     [new] = (cache_dir / "packed").glob("*-int4-*.pt")
-    assert new != old and not old.exists()
+    assert new != old and not old.exists() and not earlier.exists()
     assert len(list((cache_dir / "packed").glob("*-int8-*.pt"))) == 1
 
 
