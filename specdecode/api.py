@@ -32,8 +32,9 @@ class SpecDecoder:
     @classmethod
     def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
              draft_weights: str = "auto", draft_vocab: int | None = None, exit_layer: int | None = None,
-             lookahead: tuple[int, int, int] | None = None, suffix_store: int | None = None, spec: SpecConfig | None = None, device: str = "cpu",
-             dtype: str | None = None, weights: str = "auto", max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
+             lookahead: tuple[int, int, int] | None = None, suffix_store: int | None = None,
+             spec: SpecConfig | None = None, device: str = "cpu", dtype: str | None = None, weights: str = "auto",
+             max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         if suffix_store is not None and (isinstance(suffix_store, bool) or not isinstance(suffix_store, int)
