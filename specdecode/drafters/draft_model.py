@@ -85,6 +85,9 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
     fmt = draft_format(config.draft_weights, target.device)
     loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype, weights=fmt)
     if target.tokenizer is not None and not same_tokenizer(loaded.tokenizer, target.tokenizer):
+        if config.draft_vocab:  # its draft tokens are not target ids: a shortlist of target ids would not apply
+            raise OptionError("{draft_vocab} needs a draft model with the target's tokenizer; this one drafts "
+                              "across tokenizers", "draft_vocab")
         return CrossTokenizerDrafter(Target(loaded.model, loaded.tokenizer), target, spec.confidence)
     head = loaded.model.get_output_embeddings()
     size = shortlist_size(config.draft_vocab, head)

@@ -123,6 +123,8 @@ def test_draft_model_switches_to_text_drafting_when_tokenizers_differ(pair, tmp_
     draft_dir = save_tiny(tmp_path / "draft", draft.model, draft.tokenizer)
     drafter = build_drafter(target, DrafterConfig(name="draft-model", draft_model=draft_dir), SpecConfig())
     assert isinstance(drafter, CrossTokenizerDrafter)
+    with pytest.raises(ConfigError, match="draft_vocab needs a draft model with the target's tokenizer"):
+        build_drafter(target, DrafterConfig(name="draft-model", draft_model=draft_dir, draft_vocab=64), SpecConfig())
     same_dir = save_tiny(tmp_path / "same", tiny_llama(vocab_size=target.vocab_size, layers=1, seed=7),
                          target.tokenizer)
     assert isinstance(build_drafter(target, DrafterConfig(name="draft-model", draft_model=same_dir)), DraftModel)
