@@ -93,11 +93,25 @@ class Engine:
     # held while the tokenizer decodes: a server encodes prompts on other threads, and a fast tokenizer must
     # not be used from two threads at once
     tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # keep a finished request's KV in its row and skip prefilling the prefix the next prompt shares with it;
+    # None: where that is exact and bounded (see _reuses_prefixes)
+    prefix_reuse: bool | None = None
 
     def __post_init__(self) -> None:
         self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
         self._free_rows = list(range(self.max_batch))
         self._next_id = 0
+        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose KV it still holds, in order
+        if self.prefix_reuse is None:
+            self.prefix_reuse = self._reuses_prefixes()
+
+    def _reuses_prefixes(self) -> bool:
+        """Reusing a row's KV is exact only where a token's KV does not depend on the pass that wrote it (the
+        packed decoder: a verify pass and a prefill write the same bits), and needs no hidden states the prefill
+        would have given the drafter. One row only: a server's KV budget counts reservations of live requests,
+        which parked rows would escape."""
+        return (self.max_batch == 1 and self.target.packed_decoder and not self.cache.static
+                and not self.drafter.capabilities.needs_hidden)
 
     @functools.cached_property
     def grammars(self) -> Grammars:
@@ -150,7 +164,7 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         constraint = None if generation.structure is None else \
             self.grammars.constraint(generation.structure, self.spec.grammar_draft)
-        row = self._free_rows.pop(0)
+        row, shared = self._take_row(prompt_ids)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
         self._next_id += 1
         seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
@@ -158,12 +172,28 @@ class Engine:
             seq.text = StopText(self.target.tokenizer, generation.stop_strings)
         seq.constraint = constraint
         seq.metrics.prompt_tokens = len(prompt_ids)
+        seq.metrics.cached_prompt_tokens = seq.prefilled = shared
         try:
             self.cache.reserve(row, self.kv_slots(len(prompt_ids), generation))
         except BaseException:
             self._free_row(row)
             raise
         return seq
+
+    def _take_row(self, prompt_ids: list[int]) -> tuple[int, int]:
+        """A free row -> (row, prompt tokens whose KV it already holds): the row whose parked tokens share the
+        longest prefix with the prompt (all but its last token, the first step's root); others are emptied."""
+        best, shared = self._free_rows[0], 0
+        for row in self._free_rows:
+            length = _common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
+            if length > shared:
+                best, shared = row, length
+        self._free_rows.remove(best)
+        if best in self._parked and not shared:
+            del self._parked[best]
+            self.cache.release(best)
+        self._parked.pop(best, None)
+        return best, shared
 
     def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:
         """Prefill the next `tokens` prompt tokens (None: all that are left) of a prefilling sequence in a pass of
@@ -211,10 +241,14 @@ class Engine:
             if seq.ready:
                 self.drafter.finish(seq.ctx)
         finally:  # the row is freed even when the drafter's cleanup raises
-            self.cache.release(seq.ctx.row)
-            self._free_row(seq.ctx.row)
             if seq.finish_reason is None:
                 seq.finish_reason = "abort"
+            row = seq.ctx.row
+            if self.prefix_reuse and seq.finish_reason != "error":  # its KV stays for the next prompt's prefix
+                self._parked[row] = seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled]
+            else:
+                self.cache.release(row)
+            self._free_row(row)
 
     def _free_row(self, row: int) -> None:
         if row not in self._free_rows:
@@ -454,3 +488,11 @@ def _block_parents(draft: Draft) -> list[int]:
     aux = [0 if p < 0 else 1 + n + p for p in _aux(draft).parents]
     return [-1, *(p + 1 for p in draft.parents), *aux]
 
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

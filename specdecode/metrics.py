@@ -27,6 +27,7 @@ class GenerationMetrics:
     verify_s: float = 0.0
     total_s: float = 0.0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of them, those whose KV an earlier request left in the row (not prefilled)
     forced: int = 0
     grammar_s: float = 0.0  # walking the grammar over drafts and masking the target's scores (in draft_s, verify_s)
 

@@ -56,6 +56,8 @@ class _Declares(BaseDrafter):
 class _WarmupRecorder:
     """A target that records the step shapes it is asked to warm up."""
 
+    packed_decoder = False
+
     def __init__(self):
         self.calls = []
 
