@@ -180,6 +180,12 @@ class Engine:
             raise
         return seq
 
+    def forget_prefixes(self) -> None:
+        """Empty the rows that hold a finished request's KV (the benchmark, after its untimed warm-up)."""
+        for row in list(self._parked):
+            del self._parked[row]
+            self.cache.release(row)
+
     def _take_row(self, prompt_ids: list[int]) -> tuple[int, int]:
         """A free row -> (row, prompt tokens whose KV it already holds): the row whose parked tokens share the
         longest prefix with the prompt (all but its last token, the first step's root); others are emptied."""

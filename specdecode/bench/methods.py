@@ -239,8 +239,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                 params["draft_vocab"] = engine.drafter.shortlist.size if engine.drafter.shortlist else 0
             if isinstance(engine.drafter, Suffix):  # one store over the whole run, in question order
                 params["suffix_store"] = engine.drafter.config.store_tokens
-            reset = engine.drafter.clear if isinstance(engine.drafter, Suffix) else None
-            methods.append(Method(name, "specdecode", _engine_runner(engine), params, reset))
+            methods.append(Method(name, "specdecode", _engine_runner(engine), params, _forgetting(engine)))
     return methods
 
 
@@ -382,6 +381,16 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
         return Generation(ids, seconds, passes, counter.proposed if extra else 0, accepted)
 
     return run
+
+
+def _forgetting(engine: Engine) -> Callable[[], None]:
+    """What a method forgets after the warm-up, which answered the first question: the KV its rows kept
+    (Engine.prefix_reuse) and the suffix drafter's store."""
+    def forget() -> None:
+        engine.forget_prefixes()
+        if isinstance(engine.drafter, Suffix):
+            engine.drafter.clear()
+    return forget
 
 
 def _engine_runner(engine: Engine) -> Callable:

@@ -142,7 +142,8 @@ def _seed(seed: int, unit: int) -> int:
 
 def _warm_up(methods: list[Method], tokenizer, question: Question, settings: BenchSettings) -> None:
     """One short untimed run per method: lazy allocations, kernel selection and caches happen here. A method that
-    learns across runs (the suffix drafter's store) then forgets it: the warm-up answered the first question."""
+    learns across runs (the suffix drafter's store, the KV a finished request leaves in its row) then forgets it:
+    the warm-up answered the first question."""
     prompt_ids = encode_conversation(tokenizer, [{"role": "user", "content": question.turns[0]}])
     run = RunSettings(min(WARMUP_TOKENS, max(2, settings.max_new_tokens // 4)), settings.temperature, settings.seed)
     for method in methods:

@@ -51,6 +51,9 @@ def test_the_next_turn_prefills_only_its_new_tokens_and_decodes_the_same(name, p
     assert second.token_ids == fresh.token_ids
     other = reusing.generate(tiny_tokenizer("def add(a, b):")["input_ids"], SamplingConfig(), CONFIG)
     assert other.metrics.cached_prompt_tokens == 0  # nothing shared: prefilled from scratch
+    reusing.generate(turn, SamplingConfig(), CONFIG)
+    reusing.forget_prefixes()
+    assert reusing.generate(turn, SamplingConfig(), CONFIG).metrics.cached_prompt_tokens == 0
 
 
 def test_reuse_is_off_where_it_would_not_be_exact_or_bounded(packed_target, tiny_target):
