@@ -195,10 +195,8 @@ class Engine:
             if length > shared:
                 best, shared = row, length
         self._free_rows.remove(best)
-        if best in self._parked and not shared:
-            del self._parked[best]
-            self.cache.release(best)
-        self._parked.pop(best, None)
+        if self._parked.pop(best, None) is not None and not shared:
+            self.cache.release(best)  # its old KV is of no use: free it now
         return best, shared
 
     def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:

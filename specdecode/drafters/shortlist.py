@@ -46,11 +46,17 @@ class ShortlistHead(nn.Module):
         self.in_features, self.out_features = head.in_features, head.out_features
         self.size = size - size % GROUP if isinstance(head, PackedLinear) else size  # whole packed groups
         self.prefix = _prefix(head, self.size)
-        self.slot_of: dict[int, int] = {}  # seen token id -> its row in `rows`
-        self.ids = torch.empty(0, dtype=torch.int64)  # [seen] token ids, by slot
-        self.rows = torch.empty(0, head.in_features)  # [seen, hidden] their float weights (bias folded out)
-        self.bias = torch.empty(0)  # [seen]
+        self.slot_of: dict[int, int] = {}  # seen token id -> its slot
+        self._ids = torch.empty(cap, dtype=torch.int64)  # [cap] token ids, by slot
+        self._rows = torch.empty(cap, head.in_features)  # [cap, hidden] their float weights
+        self._bias = torch.empty(cap)  # [cap]
+        self._filled = 0  # slots in use
         self._next = 0  # the slot the next new id takes once the cap is reached (oldest first)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """[seen] the token ids beyond the prefix in the shortlist, by slot."""
+        return self._ids[: self._filled]
 
     def add(self, ids: list[int]) -> None:
         """Remember the ids beyond the prefix that are not yet in the shortlist."""
@@ -59,15 +65,12 @@ class ShortlistHead(nn.Module):
             return
         rows, bias = _columns(self.source, new)  # [n, hidden], [n]
         for token, row, b in zip(new, rows, bias):
-            if len(self.ids) < self.cap:
-                slot = len(self.ids)
-                self.ids = torch.cat([self.ids, torch.tensor([token])])
-                self.rows = torch.cat([self.rows, row[None]])
-                self.bias = torch.cat([self.bias, b[None]])
+            if self._filled < self.cap:
+                slot, self._filled = self._filled, self._filled + 1
             else:
                 slot, self._next = self._next, (self._next + 1) % self.cap
-                del self.slot_of[int(self.ids[slot])]
-                self.ids[slot], self.rows[slot], self.bias[slot] = token, row, b
+                del self.slot_of[int(self._ids[slot])]
+            self._ids[slot], self._rows[slot], self._bias[slot] = token, row, b
             self.slot_of[token] = slot
 
     def forward(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
@@ -77,8 +80,9 @@ class ShortlistHead(nn.Module):
             out[..., : self.size] = self.prefix(x, threads)
         else:
             out[..., : self.size] = self.prefix(x).float()
-        if len(self.ids):
-            out[..., self.ids] = x.float() @ self.rows.T + self.bias  # [..., seen]
+        if self._filled:
+            seen = slice(0, self._filled)
+            out[..., self._ids[seen]] = x.float() @ self._rows[seen].T + self._bias[seen]  # [..., seen]
         return out
 
 
