@@ -145,6 +145,7 @@ class _RowLayer(_OwnedLayer):
             return keys, values
         want = max(slots, have + have // 4, self.owner.reserved.get(row, 0))
         want = -(-want // GROWTH_ROUND) * GROWTH_ROUND
+        self.owner.generation += 1  # addresses handed out by row_pointers are stale
         new_keys = like.new_zeros((like.shape[1], want, like.shape[3]))
         new_values = like.new_zeros((like.shape[1], want, like.shape[3]))
         if keys is not None:
@@ -160,7 +161,8 @@ class _RowLayer(_OwnedLayer):
         return self.buffers[row]
 
     def release(self, row: int) -> None:
-        self.buffers.pop(row, None)
+        if self.buffers.pop(row, None) is not None:
+            self.owner.generation += 1
 
     @property
     def nbytes(self) -> int:
@@ -181,6 +183,8 @@ class RollbackCache(Cache):
         self._slots: int | torch.Tensor = 0
         self.per_row = False  # dynamic, this pass: attention reads rows in place (`rows_written`), no padded copy
         self.graphs = StepGraphs()  # fast path on CUDA: captured steps that write these buffers
+        self.generation = 0  # dynamic: bumped whenever a row's buffer is made or freed
+        self._pointers: tuple[tuple, list[int], torch.Tensor] | None = None  # row_pointers' last table
         layer = _SlotLayer if static else _RowLayer
         super().__init__(layers=[layer(self) for _ in range(num_layers)])
 
@@ -304,6 +308,26 @@ class RollbackCache(Cache):
         layer = self.layers[layer_idx]
         layer.is_initialized = True
         return [layer._grown(row, end, like) for row, end in zip(self._row_list, ends)]
+
+    def row_pointers(self, num_layers: int, ends: list[int], like: torch.Tensor) -> torch.Tensor:
+        """Dynamic: for the first num_layers layers, the addresses of this pass's rows' key and value buffers and
+        their capacities (`row_buffers`, grown to ends[b] slots) as one [num_layers, 3, b] int64 tensor, for the
+        native decoder. Decoding asks for the same rows pass after pass and a buffer grows by a quarter at a
+        time, so the table of the last call is handed out again while no buffer was made or freed since and
+        every row still has room (building it is ~0.2 ms of Python a pass for SmolLM2's 30 layers)."""
+        key = (tuple(self._row_list), num_layers, self.generation)
+        if self._pointers is not None and self._pointers[0] == key:
+            if all(end <= room for end, room in zip(ends, self._pointers[1])):
+                return self._pointers[2]
+        table = []  # per layer: the rows' key addresses, value addresses, capacities
+        for index in range(num_layers):
+            buffers = self.row_buffers(index, ends, like)  # per batch row: keys, values [kv_heads, cap, head_dim]
+            table.append([[keys.data_ptr() for keys, _ in buffers], [values.data_ptr() for _, values in buffers],
+                          [keys.shape[1] for keys, _ in buffers]])
+        room = [min(layer[2][b] for layer in table) for b in range(len(ends))] if table else list(ends)
+        pointers = torch.tensor(table, dtype=torch.int64).reshape(num_layers, 3, len(ends))
+        self._pointers = ((tuple(self._row_list), num_layers, self.generation), room, pointers)
+        return pointers
 
     def rows_written(self, layer_idx: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         """Per-row attention's view of a layer after this pass's write: per batch row, its keys and values

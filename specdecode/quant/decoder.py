@@ -3,7 +3,8 @@
 Why not the model's own forward: on a one-token pass, transformers' eager decoder layer is ~50 small torch
 operations plus seven linear layers that each quantize their input; for a packed model that dispatch costs
 more than reading the weights (SmolLM2 135M int4: ~40 ms a pass, ~6 ms of it packed weights; Qwen2.5 1.5B:
-~28 of ~88 ms). The embedding, rotary tables, final norm and head stay the model's own modules; what layers.c
+~28 of ~88 ms). The embedding and head stay the model's own modules, and the rotary values are its module's
+(`RotaryTable`); the final norm is computed as the layers' norms are; what layers.c
 replaces is exactly a Llama / Qwen2 decoder layer (RMSNorm, q/k/v with optional bias, rotate-half RoPE,
 grouped-query attention, o, RMSNorm, SiLU-gated MLP), read from the model's modules, never copied.
 
@@ -70,6 +71,47 @@ def _qlinear(linear: PackedLinear) -> _QLinear:
                     0 if linear.bias is None else linear.bias.data_ptr())
 
 
+SCRATCH_ROWS = 64  # passes of up to this many rows share one set of work buffers
+
+
+class RotaryTable:
+    """cos and sin of the model's rotary embedding per position, computed once by the model's own module and
+    looked up per pass (calling the module is ~0.15 ms of small operations a pass). Each position's values are
+    an elementwise function of that position alone, so the table holds exactly what the module returns for it;
+    that is checked whenever the table grows, and a module whose values are not (a rope rescaled by the sequence
+    length) is called every pass instead."""
+
+    STATIC = ("default", "linear", "llama3")  # rope types whose frequencies do not depend on the sequence
+
+    def __init__(self, rotary: nn.Module):
+        self.rotary = rotary
+        self.exact = getattr(rotary, "rope_type", "default") in self.STATIC
+        self.cos = self.sin = torch.empty(0)  # [positions, head_dim]
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [b, q] -> cos, sin [b, q, head_dim] float32
+        if not self.exact:
+            return self._module(positions)
+        last = int(positions.max())
+        if last >= self.cos.shape[0]:
+            self._grow(max(last + 1, 2 * self.cos.shape[0], 1024))
+            if not self.exact:
+                return self._module(positions)
+        return self.cos[positions], self.sin[positions]
+
+    def _module(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary(torch.empty(1, dtype=torch.float32), positions)
+        return cos.float().contiguous(), sin.float().contiguous()
+
+    def _grow(self, size: int) -> None:
+        cos, sin = self._module(torch.arange(size)[None])  # [1, size, head_dim]
+        probe = torch.tensor([[0, 1, size // 3, size - 1]])
+        alone = [self._module(probe[:, i : i + 1]) for i in range(probe.shape[1])]
+        self.exact = all(torch.equal(c[0, 0], cos[0, p]) and torch.equal(s[0, 0], sin[0, p])
+                         for (c, s), p in zip(alone, probe[0].tolist()))
+        self.cos, self.sin = cos[0], sin[0]
+
+
 @dataclass(frozen=True)
 class DecoderOutput:
     logits: torch.Tensor  # [b, q_kept, vocab]
@@ -92,6 +134,12 @@ class PackedDecoder:
         self.hidden, self.inter = config.hidden_size, config.intermediate_size
         self._keep: list[torch.Tensor] = []  # norm weights in float32, alive as long as the structs point at them
         self.layers = [self._layer(layer, config) for layer in inner.layers]
+        norm = self.norm.weight.detach().float().contiguous()
+        self._keep.append(norm)
+        self._norm_weight = norm
+        self._norm_eps = getattr(self.norm, "variance_epsilon", None) or config.rms_norm_eps
+        self.rope = RotaryTable(self.rotary)
+        self._small: tuple[_Scratch, list[torch.Tensor]] | None = None
         self._lib = native.library()
         self.share = CpuShare(torch.get_num_threads)  # threads per pass, fewer while other processes hold cores
 
@@ -115,8 +163,7 @@ class PackedDecoder:
         b, q = input_ids.shape
         rows_total, kv_len = b * q, mask.shape[-1]
         x = self.embed(input_ids).float().reshape(rows_total, self.hidden).contiguous()  # [R, hidden]
-        cos, sin = self.rotary(x[None], positions)  # [b, q, head_dim] each
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        cos, sin = self.rope(positions)  # [b, q, head_dim] each
         slot_list = slots.reshape(-1).to(torch.int64).contiguous()  # [R]
         visible = mask.reshape(rows_total, kv_len).contiguous().view(torch.uint8)  # [R, kv_len]
         ends = (slots.max(dim=1).values + 1).tolist()
@@ -126,19 +173,18 @@ class PackedDecoder:
         scratch, keepalive = self._scratch(rows_total)
         like = x.new_empty(1, self.kv_heads, 0, self.head_dim)
         layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
-        table = []  # per layer: the batch rows' key addresses, value addresses, capacities
-        for index in range(len(layers)):
-            buffers = cache.row_buffers(index, ends, like)  # per batch row: keys, values [kv_heads, cap, head_dim]
-            table.append([[keys.data_ptr() for keys, _ in buffers], [values.data_ptr() for _, values in buffers],
-                          [keys.shape[1] for keys, _ in buffers]])
-        pointers = torch.tensor(table, dtype=torch.int64)  # [layers, 3, b], one tensor per pass
+        pointers = cache.row_pointers(len(layers), ends, like)  # [layers, 3, b]: keys, values, capacities
         base, row_bytes = pointers.data_ptr(), b * pointers.element_size()
+        shared = (rows_total, q, cos.data_ptr(), sin.data_ptr())
+        after = (slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
+        x_at, run = x.data_ptr(), self._lib.decoder_layer
         for index, layer in enumerate(layers):
             at = base + 3 * index * row_bytes
-            self._lib.decoder_layer(ctypes.addressof(layer), x.data_ptr(), rows_total, q, cos.data_ptr(),
-                                    sin.data_ptr(), at, at + row_bytes, at + 2 * row_bytes, slot_list.data_ptr(),
-                                    visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
-        states = self.norm(x.reshape(b, q, self.hidden))  # [b, q, hidden]
+            run(ctypes.addressof(layer), x_at, *shared, at, at + row_bytes, at + 2 * row_bytes, *after)
+        states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' ~0.3 ms a pass)
+        self._lib.rms_norm_rows(x.data_ptr(), self._norm_weight.data_ptr(), self._norm_eps, rows_total, self.hidden,
+                                states.data_ptr())
+        states = states.reshape(b, q, self.hidden)
         kept = states[:, -1:] if keep_last else states  # [b, q_kept, hidden]
         if getattr(self.head, "threaded", False):  # a PackedLinear, or a draft's shortlist of one
             logits = self.head(kept, threads)
@@ -149,6 +195,15 @@ class PackedDecoder:
         return DecoderOutput(logits, states)
 
     def _scratch(self, rows: int) -> tuple[_Scratch, list[torch.Tensor]]:
+        """Per-pass work buffers: those of a decode or verify pass (up to SCRATCH_ROWS rows) made once and
+        reused, a prefill chunk's made for it and freed after."""
+        if rows > SCRATCH_ROWS:
+            return self._make_scratch(rows)
+        if self._small is None:
+            self._small = self._make_scratch(SCRATCH_ROWS)
+        return self._small
+
+    def _make_scratch(self, rows: int) -> tuple[_Scratch, list[torch.Tensor]]:
         widest = max(self.hidden, self.inter, self.heads * self.head_dim)
         qd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
         tensors = {

@@ -73,6 +73,11 @@ static void rms_norm(const float *x, const float *weight, float eps, int64_t row
     }
 }
 
+/* The model's final norm over R rows of x [R, n] into h: the same arithmetic as the layers' norms. */
+void rms_norm_rows(const float *x, const float *weight, float eps, int64_t rows, int64_t n, float *h) {
+    rms_norm(x, weight, eps, rows, n, h);
+}
+
 /* rotate pairs (i, i + d/2) of every head: x * cos + rotate_half(x) * sin, cos/sin [R, head_dim] */
 static void rotary(float *x, const float *cos, const float *sin, int64_t rows, int64_t heads, int64_t d) {
     const int64_t half = d / 2;

@@ -105,3 +105,32 @@ def test_release_frees_a_dynamic_row():
     assert cache.nbytes == small
     cache.release(0)
     assert cache.nbytes == 0
+
+
+def test_row_pointers_are_reused_until_a_buffer_is_made_or_freed():
+    """The native decoder's address table: the same tensor while the rows and buffers stay, a new one (with the
+    new addresses) once a row grows past its room, another row is asked for, or a row is freed."""
+    cache = RollbackCache(num_layers=3, rows=2, capacity=8)
+    cache.reserve(0, 64)
+    cache.reserve(1, 64)
+    like = torch.empty(1, 2, 0, 4)
+
+    def table(rows, ends):
+        cache.prepare(rows, 0, max(ends))
+        return cache.row_pointers(3, ends, like)
+
+    def addresses(rows):
+        return [[[layer.row(row)[i].data_ptr() for row in rows] for i in (0, 1)] for layer in cache.layers]
+
+    first = table([0], [10])
+    assert first.shape == (3, 3, 1) and first[:, :2].tolist() == addresses([0]) and first[:, 2].tolist() == [[64]] * 3
+    assert table([0], [64]) is first  # still room
+    grown = table([0], [65])
+    assert grown is not first and grown[:, :2].tolist() == addresses([0]) and grown[:, 2].tolist() == [[128]] * 3
+    both = table([0, 1], [65, 5])
+    assert both.shape == (3, 3, 2) and both[:, :2].tolist() == addresses([0, 1])
+    assert table([0, 1], [70, 6]) is both
+    cache.release(1)
+    cache.reserve(1, 64)
+    again = table([0, 1], [70, 6])
+    assert again is not both and again[:, :2].tolist() == addresses([0, 1])

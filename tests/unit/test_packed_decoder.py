@@ -114,3 +114,20 @@ def test_float_models_keep_their_own_forward():
     assert not Target(model).packed_decoder
     with pytest.raises(ValueError, match="not every decoder linear layer is packed"):
         Target(model, packed_decoder=True)
+
+
+def test_the_rotary_table_holds_what_the_module_returns():
+    """Looked-up cos/sin equal the model's rotary module at every position, bit for bit (the table grows past
+    its first size); a rope whose frequencies depend on the sequence length is not tabled."""
+    from specdecode.quant.decoder import RotaryTable
+
+    for model in (tiny_llama(), tiny_qwen2()):
+        table, rotary = RotaryTable(model.model.rotary_emb), model.model.rotary_emb
+        for positions in (torch.tensor([[0, 1, 2, 700]]), torch.arange(1500, 1520).reshape(2, 10)):
+            cos, sin = table(positions)
+            want_cos, want_sin = rotary(torch.empty(1), positions)
+            assert table.exact and torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+        assert table.cos.shape[0] >= 1520
+    rescaled = copy.deepcopy(tiny_llama().model.rotary_emb)
+    rescaled.rope_type = "dynamic"
+    assert not RotaryTable(rescaled).exact
