@@ -37,8 +37,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                              "measured one for the device, drafters.BEST_DRAFTER)")
     parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
-                        help="draft-model: int4 / int8 weights (auto: int4 on the CPU, where measured fastest) or the "
-                             "target's dtype (same)")
+                        help="draft-model: int4 / int8 weights, int4-all (the head in 4 bits too), or the target's "
+                             "dtype (same); auto: int4-all on the CPU, where measured fastest")
     parser.add_argument("--draft-vocab", type=_count, default=None, metavar="N",
                         help="draft-model: score only the draft head's first N token ids plus the tokens seen "
                              "(default: the whole vocabulary)")
@@ -55,7 +55,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bfloat16 on CUDA, float32 on "
                         "the CPU)")
     parser.add_argument("--weights", default="auto", choices=WEIGHTS,
-                        help="the target's linear weights: int4 / int8 (quantized blocks of 32, CPU), gguf (the GGUF's "
+                        help="the target's linear weights: int4 / int8 (quantized blocks of 32, CPU; int4 keeps the "
+                             "head in 8 bits, int4-all does not), gguf (the GGUF's "
                              "own bit widths), fp32 / bf16, same (in --dtype) or auto (the model's own on the "
                              "device: int4 for the Qwen pair on the CPU, else same)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

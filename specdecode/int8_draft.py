@@ -75,16 +75,17 @@ def quantize_linears(model: nn.Module) -> bool:
 
 
 def draft_format(choice: str, device: torch.device) -> str:
-    """The weight format a draft model on `device` gets (quant/weights.py): "auto" = int4 on the CPU (the
-    cheapest draft pass: docs/design-notes.md), int8 where only torch's int8 kernel can run, else the target's
-    dtype ("same"); "int8" / "int4" = must (a clear error where they cannot run)."""
+    """The weight format a draft model on `device` gets (quant/weights.py): "auto" = int4-all on the CPU (the
+    cheapest draft pass, its head in 4 bits too: docs/design-notes.md), int8 where only torch's int8 kernel can
+    run, else the target's dtype ("same"); "int8" / "int4" / "int4-all" = must (a clear error where they cannot
+    run)."""
     from .config import OptionError
     from .quant.weights import DRAFT_WEIGHTS, WeightsError, resolve
 
     if choice not in DRAFT_WEIGHTS:
         raise OptionError(f"{{draft_weights}} must be one of {', '.join(DRAFT_WEIGHTS)}, got {choice!r}",
                           "draft_weights")
-    default = "int4" if device.type == "cpu" else "same"
+    default = "int4-all" if device.type == "cpu" else "same"
     try:
         return resolve(choice, default, str(device), what="draft_weights")
     except WeightsError as error:

@@ -5,6 +5,8 @@
                 run, torch's per-channel int8 kernel (int8_draft.Int8Linear)
   int4          linear layers q4, the output head q8 (the head decides every token: llama.cpp's Q4_K_M keeps
                 it at 6 bits too)
+  int4-all      every linear layer q4, the head too: a draft model's default on the CPU, where the head is
+                ~a third of a 0.5B's pass in q8 (151,936 x 896) and only ranks what the target then verifies
   gguf          each linear layer in the format nearest its GGUF tensor's own: 4-bit types q4, 5- to 8-bit q8,
                 float tensors stay float (needs a GGUF model)
   same          linear weights in the model's dtype (--dtype)
@@ -18,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-WEIGHTS = ("auto", "same", "fp32", "bf16", "int8", "int4", "gguf")
-QUANTIZED = ("int8", "int4", "gguf")  # formats that quantize the linear layers (float32 activations)
-DRAFT_WEIGHTS = ("auto", "same", "int8", "int4")  # a draft model's (same: the target's dtype)
+WEIGHTS = ("auto", "same", "fp32", "bf16", "int8", "int4", "int4-all", "gguf")
+QUANTIZED = ("int8", "int4", "int4-all", "gguf")  # formats that quantize the linear layers (float32 activations)
+DRAFT_WEIGHTS = ("auto", "same", "int8", "int4", "int4-all")  # a draft model's (same: the target's dtype)
 FLOAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS")
 _GGUF_MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -78,8 +80,8 @@ def apply(model: nn.Module, fmt: str, gguf_file: Path | None = None) -> str:
 
     if fmt in ("same", "fp32", "bf16"):
         return fmt
-    if fmt == "int4":
-        pack_model(model, "q4", head_fmt="q8")
+    if fmt in ("int4", "int4-all"):
+        pack_model(model, "q4", head_fmt="q8" if fmt == "int4" else "q4")
     elif fmt == "int8" and native.missing() is None:
         pack_model(model, "q8")
     elif fmt == "int8":

@@ -46,13 +46,13 @@ def test_greedy_equals_plain_with_free_rows(name, tiny_target, tiny_tokenizer, r
                   tiny_tokenizer, references)
 
 
-@pytest.mark.parametrize("weights", ["same", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["same", "int8", "int4", "int4-all"])
 def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
     """The registry's draft model drafts with quantized weights on the CPU by default (int8_draft.draft_format);
     every way the output is the target's."""
     from specdecode.quant import native
 
-    if weights == "int4" and native.missing():
+    if weights.startswith("int4") and native.missing():
         pytest.skip(native.missing())
     spec = SpecConfig(k=4)
     drafter = tiny_drafter(tiny_target, "draft-model", spec, tiny_draft_dir, draft_weights=weights)

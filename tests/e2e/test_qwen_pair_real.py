@@ -1,5 +1,5 @@
 """The real pair: Qwen2.5-Coder-1.5B-Instruct (target) drafted by Qwen2.5-Coder-0.5B-Instruct, both assembled
-from their part packages and decoding with their CPU default of int8 linear weights. Greedy output of the
+from their part packages and decoding with their CPU default of int4 linear weights. Greedy output of the
 draft-model drafter, with a fixed chain and with adaptive K, equals plain greedy decoding of the same target
 on three prompts; the drafts are really accepted; and a corrupted assembled GGUF is detected and rebuilt. The first run converts both models
 once (~1.5 + ~4.5 min on a 2-core CPU); later loads take seconds."""
@@ -50,11 +50,12 @@ def chat_ids(target: Target, text: str) -> list[int]:
 
 
 def test_both_decode_with_int4_weights(pair):
-    """The pair's default on the CPU (model_packages.py): q4 layers, a q8 head."""
+    """The pair's default on the CPU (model_packages.py, int8_draft.draft_format): q4 layers; the target's head
+    q8, the draft's q4."""
     target, drafter = pair
-    for model in (target.model, drafter.draft.model):
+    for model, head in ((target.model, "q8"), (drafter.draft.model, "q4")):
         assert model.model.layers[0].mlp.down_proj.fmt == "q4"
-        assert model.get_output_embeddings().fmt == "q8"
+        assert model.get_output_embeddings().fmt == head
 
 
 @pytest.mark.parametrize("adaptive", [False, True], ids=["chain", "adaptive"])

@@ -36,7 +36,7 @@ def test_int8_logits_stay_close_to_full_precision():
 
 def test_draft_weights_choice():
     cpu = torch.device("cpu")
-    best = "int4" if native.missing() is None else "int8"
+    best = "int4-all" if native.missing() is None else "int8"
     assert draft_format("auto", cpu) == best and draft_format("int8", cpu) == "int8"
     assert draft_format("same", cpu) == "same"
     assert draft_format("auto", torch.device("cuda")) == "same" and draft_format("same", torch.device("cuda")) == "same"

@@ -111,6 +111,15 @@ def test_pack_model_replaces_what_fits():
     assert torch.nn.functional.cosine_similarity(before.flatten(), int8(ids).logits.flatten(), 0) > 0.99
 
 
+def test_int4_keeps_the_head_in_8_bits_and_int4_all_does_not():
+    from specdecode.quant.weights import apply
+
+    for fmt, head in (("int4", "q8"), ("int4-all", "q4")):
+        model = tiny_llama(vocab_size=264, layers=1, seed=3)
+        assert apply(model, fmt) == fmt
+        assert model.get_output_embeddings().fmt == head and model.model.layers[0].self_attn.q_proj.fmt == "q4"
+
+
 def test_default_gguf_formats_follow_its_tensor_types():
     """SmolLM2's GGUF: Q4_1 layers -> q4, its tied head follows token_embd (Q8_0) -> q8."""
     from specdecode.models import default_gguf_path
