@@ -13,7 +13,7 @@ import torch
 
 from .config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
 from .detok import TextStream
-from .drafters.base import AuxBranch, Draft, Drafter, SequenceContext
+from .drafters.base import AuxBranch, Draft, Drafter, SequenceContext, common_prefix
 from .kv_cache import kv_bytes_per_slot
 from .logprobs import TokenLogprob, token_logprobs
 from .metrics import GenerationMetrics
@@ -181,17 +181,19 @@ class Engine:
         return seq
 
     def forget_prefixes(self) -> None:
-        """Empty the rows that hold a finished request's KV (the benchmark, after its untimed warm-up)."""
+        """Empty the rows that hold a finished request's KV, the target's and the drafter's (the benchmark, after
+        its untimed warm-up)."""
         for row in list(self._parked):
             del self._parked[row]
             self.cache.release(row)
+        self.drafter.forget_prefixes()
 
     def _take_row(self, prompt_ids: list[int]) -> tuple[int, int]:
         """A free row -> (row, prompt tokens whose KV it already holds): the row whose parked tokens share the
         longest prefix with the prompt (all but its last token, the first step's root); others are emptied."""
         best, shared = self._free_rows[0], 0
         for row in self._free_rows:
-            length = _common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
+            length = common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
             if length > shared:
                 best, shared = row, length
         self._free_rows.remove(best)
@@ -491,12 +493,3 @@ def _block_parents(draft: Draft) -> list[int]:
     n = len(draft)
     aux = [0 if p < 0 else 1 + n + p for p in _aux(draft).parents]
     return [-1, *(p + 1 for p in draft.parents), *aux]
-
-
-def _common_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -132,6 +132,10 @@ class Drafter(Protocol):
         """Most nodes (draft plus aux) one draft may hold at speculation length k: k for chains, more for trees.
         The fixed-shape fast path compiles passes up to this width."""
 
+    def forget_prefixes(self) -> None:
+        """Drop what finished sequences left for later ones to start from (a draft model's cached prompt KV);
+        what the drafter learned stays. The benchmark calls it after its untimed warm-up."""
+
 
 @dataclass(frozen=True)
 class DrafterConfig:
@@ -163,6 +167,16 @@ class DrafterSpec:
     untrained: Callable[..., "Drafter"] | None = None
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class RowPool:
     """Rows of a drafter's own cache, one per live sequence: reused after `give`, a new one when none is free."""
@@ -170,11 +184,16 @@ class RowPool:
     rows: int = 0
     free: list[int] = field(default_factory=list)
 
-    def take(self) -> int:
+    def take(self, prefer: Callable[[int], int] | None = None) -> int:
+        """A free row (the one `prefer` scores highest, the first of equals), else a new one."""
         if not self.free:
             self.free.append(self.rows)
             self.rows += 1
-        return self.free.pop()
+        if prefer is None:
+            return self.free.pop()
+        best = max(self.free, key=prefer)
+        self.free.remove(best)
+        return best
 
     def give(self, row: int) -> None:
         self.free.append(row)
@@ -191,6 +210,9 @@ class BaseDrafter:
 
     def max_nodes(self, k: int) -> int:
         return k
+
+    def forget_prefixes(self) -> None:
+        pass
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         pass

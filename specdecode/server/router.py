@@ -56,6 +56,10 @@ class RoutingDrafter:
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         self._of(seq).observe(seq, accepted)
 
+    def forget_prefixes(self) -> None:
+        for drafter in self.drafters.values():
+            drafter.forget_prefixes()
+
     def finish(self, seq: SequenceContext) -> None:
         if seq.extra.get(_STARTED):
             self._of(seq).finish(seq)

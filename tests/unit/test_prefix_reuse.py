@@ -74,3 +74,31 @@ def test_an_aborted_prefill_leaves_only_what_it_wrote(packed_target, tiny_tokeni
     fresh = Engine(packed_target, build_drafter(packed_target, DrafterConfig("none"), SPEC), SPEC,
                    prefix_reuse=False).generate(ids, SamplingConfig(), CONFIG)
     assert again.token_ids == fresh.token_ids
+
+
+def test_a_draft_model_prefills_only_what_the_next_prompt_adds(tiny_target, tiny_tokenizer, tiny_draft_dir):
+    """The draft model's cache row keeps its sequence's tokens after it finishes; the next prompt that shares a
+    prefix with them takes that row and feeds the draft only the rest. The output stays the target's."""
+    ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    drafter = tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir)
+    reusing = Engine(tiny_target, drafter, SPEC)
+    fed: list[int] = []
+    forward = drafter.draft.forward
+
+    def counting(cache, rows, block, **kwargs):
+        fed.append(block.input_ids.shape[1])
+        return forward(cache, rows, block, **kwargs)
+
+    drafter.draft.forward = counting
+    first = reusing.generate(ids, SamplingConfig(), CONFIG)
+    assert fed[0] == len(ids)
+    turn = ids + first.token_ids + tiny_tokenizer(" and the dog")["input_ids"]
+    fed.clear()
+    second = reusing.generate(turn, SamplingConfig(), CONFIG)
+    assert 0 < fed[0] <= len(turn) - len(ids)  # the first prompt and some of its answer were in the row
+    fresh = Engine(tiny_target, tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
+    assert second.token_ids == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
+    reusing.forget_prefixes()
+    fed.clear()
+    reusing.generate(turn, SamplingConfig(), CONFIG)
+    assert fed[0] == len(turn)
