@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -102,6 +103,9 @@ class Engine:
         self._free_rows = list(range(self.max_batch))
         self._next_id = 0
         self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose KV it still holds, in order
+        # the time rule's plain-step costs (seconds per token) of the last sequence that timed some: a new
+        # sequence starts from them instead of decoding plainly for a few steps to measure its own
+        self._plain_costs: list[float] = []
         if self.prefix_reuse is None:
             self.prefix_reuse = self._reuses_prefixes()
 
@@ -167,7 +171,8 @@ class Engine:
         row, shared = self._take_row(prompt_ids)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
         self._next_id += 1
-        seq = Sequence(ctx, generation, SpeculationLength(self.spec), GenerationMetrics(), len(prompt_ids))
+        length = SpeculationLength(self.spec, plain=deque(self._plain_costs))
+        seq = Sequence(ctx, generation, length, GenerationMetrics(), len(prompt_ids))
         if generation.detokenize and self.target.tokenizer is not None:
             seq.text = StopText(self.target.tokenizer, generation.stop_strings)
         seq.constraint = constraint
@@ -243,6 +248,8 @@ class Engine:
 
     def release(self, seq: Sequence) -> None:
         """The sequence leaves the batch (finished or aborted): free its row and drafter state."""
+        if seq.length.plain:
+            self._plain_costs = list(seq.length.plain)
         try:
             if seq.ready:
                 self.drafter.finish(seq.ctx)

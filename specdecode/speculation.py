@@ -44,7 +44,9 @@ class SpeculationLength:
     drafted nothing: a pause step, or a step where the drafter found nothing to propose (prompt
     lookup without a match). The plain cost is the median seconds per token of the last pause_window (at least
     PLAIN_SAMPLES) plain steps: a median, so one slow step (a hiccup, or a model drafter that ran and then
-    proposed nothing) does not move it. When a window completes before PLAIN_SAMPLES plain steps were timed,
+    proposed nothing) does not move it. The engine starts a sequence with the plain steps its previous sequence
+    timed (`plain`): a one-token pass costs about the same from one request to the next, and measuring it
+    anew cost every request a few plain steps. When a window completes before PLAIN_SAMPLES plain steps were timed,
     the sequence decodes plainly for the missing few steps (a measuring pause: no back-off, K kept), then
     judges that same window by time. Steps that proposed nothing never count in the drafting window. Steps
     passed without a time (seconds=None) are left out of the time rule; a window holding one is judged by

@@ -199,6 +199,25 @@ def test_a_slow_first_step_does_not_pause_a_drafter_that_pays(tiny_target, tiny_
     assert traces[0].count(0) == PLAIN_SAMPLES  # only the measuring pause
 
 
+def test_the_next_sequence_starts_from_the_plain_cost_the_last_one_measured(tiny_target, tiny_tokenizer,
+                                                                            monkeypatch):
+    """A second request on the same engine is judged against the plain steps the first one timed: no measuring
+    pause of its own, and a drafter that pays drafts all the way."""
+    ids = tiny_tokenizer("the cat sat on the mat")["input_ids"]
+    plain = Engine(tiny_target, NONE_SPEC.build(tiny_target, DrafterConfig(), SPEC), SPEC).generate(
+        ids, SamplingConfig(), GenerationConfig(max_new_tokens=N, stop_on_eos=False)).token_ids
+    clock = FakeClock()
+    monkeypatch.setattr(engine_module, "time", clock)
+    drafter = TimedOracle(plain, len(ids), clock, 0.040)
+    engine = Engine(tiny_target, drafter, SPEC)
+    first, _ = k_trace(engine, ids, SamplingConfig())
+    assert first.count(0) == PLAIN_SAMPLES  # the measuring pause
+    second, output = k_trace(engine, ids, SamplingConfig())
+    assert 0 not in second and output == plain
+    fresh = Engine(tiny_target, drafter, SPEC)
+    assert k_trace(fresh, ids, SamplingConfig())[0].count(0) == PLAIN_SAMPLES  # nothing carried across engines
+
+
 def test_seeded_sampling_ignores_step_times(tiny_target, tiny_tokenizer, monkeypatch):
     """A seed must give the same text however fast the machine is: K (and so the random draws) follows
     acceptance only for a seeded sampled sequence."""
