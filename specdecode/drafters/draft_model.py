@@ -84,7 +84,7 @@ class DraftModel(RowStateDrafter):
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         while True:
-            token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab)
+            token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab, bool(self.confidence))
             if self.confidence and top < self.confidence:
                 break
             tokens.append(token)

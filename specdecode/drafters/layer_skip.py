@@ -42,7 +42,8 @@ class LayerSkip(BaseDrafter):
             out = self.target.forward(cache, [seq.row for seq in batch], block, num_layers=self.exit_layer)
             still = []
             for i, (b, seq) in enumerate(zip(drafting, batch)):
-                token, q, top = choose(out.logits[i, -1], seq.sampling, seq.generator, self.target.vocab_size)
+                token, q, top = choose(out.logits[i, -1], seq.sampling, seq.generator, self.target.vocab_size,
+                                        bool(self.confidence))
                 if self.confidence and top < self.confidence:
                     continue
                 tokens[b].append(token)
