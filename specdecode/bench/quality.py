@@ -22,7 +22,7 @@ from ..quant.weights import QUANTIZED
 from ..target import Target
 from ..trees import build_block
 
-FORMATS = ("float32", "bfloat16", "int8", "int4", "gguf")  # the quantized ones: linear weights (quant/weights.py)
+FORMATS = ("float32", "bfloat16", "int8", "int4", "int4-all", "gguf")  # the quantized ones: linear weights (quant/weights.py)
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ def test_same_draft_peer_is_lossless_with_our_drafters_weights(bench_out):
     results = json.loads((bench_out / "results.json").read_text())
     params = {m["method"]: m["params"] for m in results["methods"]}
     assert [m["method"] for m in results["methods"]].index(SAME_DRAFT) == 3  # right after hf-assisted
-    assert params[SAME_DRAFT]["draft_weights"] == ("int4" if native.missing() is None else
+    assert params[SAME_DRAFT]["draft_weights"] == ("int4-all" if native.missing() is None else
                                                    "int8" if int8_available() else "float32")
     assert params[SAME_DRAFT]["draft_weights"] == params["specdecode-draft-model"]["draft_weights"]
     assert params["hf-assisted"]["draft_weights"] == "float32"
@@ -123,7 +123,7 @@ def test_same_draft_is_a_quantized_copy_only_where_our_drafter_drafts_quantized(
     if native.missing():
         pytest.skip(native.missing())
     model, weights = same_draft(draft, "auto", torch.device("cpu"))
-    assert model is not draft and weights == "int4"
+    assert model is not draft and weights == "int4-all"
     assert any(isinstance(m, PackedLinear) for m in model.modules())
     assert not any(isinstance(m, PackedLinear) for m in draft.modules())  # hf-assisted keeps the draft as loaded
 
