@@ -23,6 +23,15 @@ its end: every unpacked weight vector and product is then alive at once and spil
 
 #define QK 32
 #define ROWS 8 /* rows accumulated together: the weight block is unpacked once for them */
+/* Where there is a tile path (AMX), the fewest rows it takes: q4 weights need their codes unpacked for the tiles,
+which pays only over 16 rows; q8 weights are copied as they are, which pays from 2 rows (the head of a verify pass:
+~12 ms against ~15.5 for 4 rows of Qwen2.5 1.5B's 151,936 x 1,536 head). */
+#ifndef TILE_MIN_ROWS_Q4
+#define TILE_MIN_ROWS_Q4 16
+#endif
+#ifndef TILE_MIN_ROWS_Q8
+#define TILE_MIN_ROWS_Q8 2
+#endif
 #ifndef PREFETCH
 #define PREFETCH 2048 /* bytes ahead of the weights being read */
 #endif
@@ -88,6 +97,28 @@ For RR activation rows (a compile-time constant, so the loops over them unroll) 
 once per block for all of them; the order of every floating-point operation on a row's sums is fixed by the block
 alone, never by RR. */
 
+/* A block's integer dot products. With VNNI (vpdpbusd: unsigned x signed bytes, four products summed into each
+32-bit lane) one instruction does what vpmaddubsw + vpmaddwd + vpaddd do without it. The sums are the same
+integers either way: no pair sum saturates int16 (q4: 2 * 15 * 127; q8: 2 * 127 * 127), and q4's int16 running
+sum of a block stays within 30480; so both builds give every output the same bits.
+  Q4_PAIR(acc, lo, xl, hi, xh): acc + lo . xl + hi . xh   (int16 lanes without VNNI, finished by Q4_FINISH)
+  Q8_STEP(acc, w, x): acc + w . x in 32-bit lanes */
+#if defined(__AVXVNNI__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#endif
+#ifdef DPBUSD
+#define Q4_PAIR(acc, lo, xl, hi, xh) DPBUSD(DPBUSD(acc, lo, xl), hi, xh)
+#define Q4_FINISH(s) (s)
+#define Q8_STEP(acc, w, x) DPBUSD(acc, w, x)
+#else
+#define Q4_PAIR(acc, lo, xl, hi, xh) \
+    _mm256_add_epi16(acc, _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)))
+#define Q4_FINISH(s) _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+#define Q8_STEP(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+#endif
+
 /* x[0..3] in every 32-bit lane */
 static inline __m256i broadcast4(const int8_t *x) {
     int32_t v;
@@ -99,7 +130,7 @@ static inline __m256i broadcast4(const int8_t *x) {
     static inline void q4_group_##RR(const uint8_t *wc, const uint16_t *dc, const uint16_t *mc, int64_t nb,      \
                                      int64_t k, const int8_t *xq, const float *xd, const float *xs, float *out,   \
                                      int64_t out_stride) {                                                     \
-        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                               \
+        const __m256i low = _mm256_set1_epi8(0x0F);                                                            \
         __m256 acc[RR];                                                                                        \
         for (int j = 0; j < RR; j++) acc[j] = _mm256_setzero_ps();                                             \
         for (int64_t b = 0; b < nb; b++) {                                                                     \
@@ -112,16 +143,14 @@ static inline __m256i broadcast4(const int8_t *x) {
                 const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + 32 * p));                         \
                 const __m256i lo = _mm256_and_si256(raw, low);                                                 \
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                           \
-                _Pragma("GCC unroll 8") for (int j = 0; j < RR; j++) {                                         \
-                    const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x + j * k + 4 * p)), \
-                                                       _mm256_maddubs_epi16(hi, broadcast4(x + j * k + 4 * p + 16))); \
-                    s[j] = p ? _mm256_add_epi16(s[j], t) : t;                                                  \
-                }                                                                                              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < RR; j++)                                           \
+                    s[j] = Q4_PAIR(p ? s[j] : _mm256_setzero_si256(), lo, broadcast4(x + j * k + 4 * p),       \
+                                   hi, broadcast4(x + j * k + 4 * p + 16));                                    \
             }                                                                                                  \
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dc + b * 8)));                  \
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mc + b * 8)));                  \
             _Pragma("GCC unroll 8") for (int j = 0; j < RR; j++) {                                             \
-                const __m256i dot = _mm256_madd_epi16(s[j], ones);                                             \
+                const __m256i dot = Q4_FINISH(s[j]);                                                           \
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(xd[j * nb + b])), \
                                          acc[j]);                                                              \
                 acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[j * nb + b]), acc[j]);                           \
@@ -133,7 +162,6 @@ static inline __m256i broadcast4(const int8_t *x) {
 #define Q8_GROUP(RR)                                                                                           \
     static inline void q8_group_##RR(const int8_t *wc, const uint16_t *dc, int64_t nb, int64_t k,              \
                                      const int8_t *xq, const float *xd, float *out, int64_t out_stride) {      \
-        const __m256i ones = _mm256_set1_epi16(1);                                                             \
         __m256 acc[RR];                                                                                        \
         for (int j = 0; j < RR; j++) acc[j] = _mm256_setzero_ps();                                             \
         for (int64_t b = 0; b < nb; b++) {                                                                     \
@@ -146,8 +174,7 @@ static inline __m256i broadcast4(const int8_t *x) {
                 const __m256i mag = _mm256_sign_epi8(w, w);                                                    \
                 _Pragma("GCC unroll 8") for (int j = 0; j < RR; j++) {                                         \
                     const __m256i xw = _mm256_sign_epi8(broadcast4(x + j * k + 4 * t), w);                     \
-                    const __m256i u = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xw), ones);                  \
-                    s[j] = t ? _mm256_add_epi32(s[j], u) : u;                                                  \
+                    s[j] = Q8_STEP(t ? s[j] : _mm256_setzero_si256(), mag, xw);                                \
                 }                                                                                              \
             }                                                                                                  \
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dc + b * 8)));                  \
@@ -168,11 +195,202 @@ GROUPS(6)
 GROUPS(7)
 GROUPS(8)
 
+/* AMX (Intel's tile unit, in the build with -DTILES): sixteen rows at a time, a block's 16 x 16 integer dot products
+(two column groups) in one tile multiply, TDPBSSD (signed bytes; q4 codes 0..15 are non-negative signed bytes).
+The tile's B operand is exactly the vector path's V_0..V_7 of the two groups side by side, and its A operand is
+sixteen rows' activation codes as they lie; the sums are the same integers as the vector path's, and each goes
+through the same floating-point steps in the same block order, so a row gets the same bits either way (the rows
+past the last multiple of 16 take the vector path). Linux grants the tile state per process on request. */
+#ifdef TILES /* the amx build (native.py); only this section is compiled for AVX-512 and AMX */
+#include <sys/syscall.h>
+#include <unistd.h>
+#pragma GCC push_options
+#pragma GCC target("avx512f,amx-tile,amx-int8")
+
+#define TILE_ROWS 16
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static int amx_state; /* 0: not asked yet, 1: granted, -1: refused */
+
+static int amx_granted(void) {
+    if (!amx_state) /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA */
+        amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+    return amx_state > 0;
+}
+
+static void amx_configure(int rows) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = rows, c.colsb[0] = 64;   /* C: rows x 16 int32 sums */
+    c.rows[1] = rows, c.colsb[1] = QK;   /* A: rows x a block's 32 activation codes */
+    c.rows[2] = QK / 4, c.colsb[2] = 64; /* B: V_t of two groups per row t */
+    c.rows[3] = rows, c.colsb[3] = 64;   /* the same three for a second block */
+    c.rows[4] = rows, c.colsb[4] = QK;
+    c.rows[5] = QK / 4, c.colsb[5] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Stage block b of groups g (w0) and g + 1 (w1) as a B tile: row t = V_t of g, then V_t of g + 1. */
+static inline void stage_b(const uint8_t *w0, const uint8_t *w1, int q4, int64_t b, int8_t *b_tile) {
+    if (q4) {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        const uint8_t *c0 = w0 + b * 128, *c1 = w1 + b * 128;
+        _mm_prefetch((const char *)(c0 + PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c0 + PREFETCH + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c1 + PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c1 + PREFETCH + 64), _MM_HINT_T0);
+        for (int p = 0; p < 4; p++) {
+            const __m256i r0 = _mm256_loadu_si256((const __m256i *)(c0 + 32 * p));
+            const __m256i r1 = _mm256_loadu_si256((const __m256i *)(c1 + 32 * p));
+            _mm256_store_si256((__m256i *)(b_tile + 64 * p), _mm256_and_si256(r0, low));
+            _mm256_store_si256((__m256i *)(b_tile + 64 * p + 32), _mm256_and_si256(r1, low));
+            _mm256_store_si256((__m256i *)(b_tile + 64 * (p + 4)), _mm256_and_si256(_mm256_srli_epi16(r0, 4), low));
+            _mm256_store_si256((__m256i *)(b_tile + 64 * (p + 4) + 32), _mm256_and_si256(_mm256_srli_epi16(r1, 4), low));
+        }
+    } else {
+        const uint8_t *c0 = w0 + b * 256, *c1 = w1 + b * 256;
+        for (int l = 0; l < 256; l += 64) {
+            _mm_prefetch((const char *)(c0 + PREFETCH + l), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c1 + PREFETCH + l), _MM_HINT_T0);
+        }
+        for (int t = 0; t < 8; t++) {
+            _mm256_store_si256((__m256i *)(b_tile + 64 * t), _mm256_loadu_si256((const __m256i *)(c0 + 32 * t)));
+            _mm256_store_si256((__m256i *)(b_tile + 64 * t + 32), _mm256_loadu_si256((const __m256i *)(c1 + 32 * t)));
+        }
+    }
+}
+
+/* acc[j] += block b's sums of row j, scaled as the vector path scales them (m: q4's offsets, else NULL). */
+static inline __attribute__((always_inline)) void scale_sums(const int32_t *sums, const uint16_t *d0,
+                                                            const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
+                                                            int64_t nb, int64_t b, const float *xd, const float *xs,
+                                                            __m512 *acc, const int R) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)(d1 + b * 8)),
+                                                      _mm_loadu_si128((const __m128i *)(d0 + b * 8))));
+    if (m0) {
+        const __m512 m = _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)(m1 + b * 8)),
+                                                          _mm_loadu_si128((const __m128i *)(m0 + b * 8))));
+        for (int j = 0; j < R; j++) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * j));
+            acc[j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(xd[j * nb + b])), acc[j]);
+            acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[j * nb + b]), acc[j]);
+        }
+    } else {
+        for (int j = 0; j < R; j++) {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * j));
+            acc[j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(d, _mm512_set1_ps(xd[j * nb + b])), acc[j]);
+        }
+    }
+}
+
+/* R <= 16 rows (x, xd, xs from the chunk's first row; the tiles configured for R rows) x 16 columns: groups g
+(w0, d0, m0) and g + 1 (w1, d1, m1). For q8, m0 is NULL and w* point at 256-byte blocks. Two blocks at a time in
+separate tiles (0-2 and 3-5), so one block's tile multiply overlaps the other's staging and scaling. */
+static inline __attribute__((always_inline)) void tile_rows(const uint8_t *w0, const uint8_t *w1, const uint16_t *d0,
+                                                            const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
+                                                            int64_t nb, int64_t k, const int8_t *xq, const float *xd,
+                                                            const float *xs, float *out, int64_t out_stride,
+                                                            const int R) {
+    int8_t b_tile[2][QK / 4 * 64] __attribute__((aligned(64)));
+    int32_t sums[2][TILE_ROWS * 16] __attribute__((aligned(64)));
+    __m512 acc[TILE_ROWS];
+    const int q4 = m0 != NULL;
+    for (int j = 0; j < TILE_ROWS; j++) acc[j] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        stage_b(w0, w1, q4, b, b_tile[0]);
+        _tile_zero(0);
+        _tile_loadd(1, xq + b * QK, k);
+        _tile_loadd(2, b_tile[0], 64);
+        _tile_dpbssd(0, 1, 2);
+        stage_b(w0, w1, q4, b + 1, b_tile[1]);
+        _tile_zero(3);
+        _tile_loadd(4, xq + (b + 1) * QK, k);
+        _tile_loadd(5, b_tile[1], 64);
+        _tile_dpbssd(3, 4, 5);
+        _tile_stored(0, sums[0], 64);
+        _tile_stored(3, sums[1], 64);
+        scale_sums(sums[0], d0, d1, m0, m1, nb, b, xd, xs, acc, R);
+        scale_sums(sums[1], d0, d1, m0, m1, nb, b + 1, xd, xs, acc, R);
+    }
+    for (; b < nb; b++) {
+        stage_b(w0, w1, q4, b, b_tile[0]);
+        _tile_zero(0);
+        _tile_loadd(1, xq + b * QK, k);
+        _tile_loadd(2, b_tile[0], 64);
+        _tile_dpbssd(0, 1, 2);
+        _tile_stored(0, sums[0], 64);
+        scale_sums(sums[0], d0, d1, m0, m1, nb, b, xd, xs, acc, R);
+    }
+    for (int j = 0; j < R; j++) _mm512_storeu_ps(out + j * out_stride, acc[j]);
+}
+
+#define TILE_CASE(R) \
+    case R: tile_rows(w0, w1, d0, d1, m0, m1, nb, k, xq, xd, xs, out, out_stride, R); break;
+
+static void tile_chunk(const uint8_t *w0, const uint8_t *w1, const uint16_t *d0, const uint16_t *d1,
+                       const uint16_t *m0, const uint16_t *m1, int64_t nb, int64_t k, const int8_t *xq,
+                       const float *xd, const float *xs, float *out, int64_t out_stride, int64_t rows) {
+    switch (rows) {
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+        TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12) TILE_CASE(13) TILE_CASE(14) TILE_CASE(15) TILE_CASE(16)
+    }
+}
+
+/* The tile path over the first rows of a layer whose N is a multiple of 16: chunks of 16, then the rest if it has
+at least min_rows rows; returns the rows done (0: no tile path here), the caller does the others. */
+static int64_t amx_rows(const uint8_t *w, int64_t block_bytes, const uint16_t *wd, const uint16_t *wm, int64_t n,
+                        int64_t k, const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out,
+                        int64_t out_stride, int64_t threads, int64_t min_rows) {
+    const int64_t nb = k / QK, full = rows - rows % TILE_ROWS;
+    if (rows < min_rows || n % 16 || !amx_granted()) return 0;
+    if (rows - full < min_rows) rows = full;
+    const int64_t rest = rows - full;
+#pragma omp parallel num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
+    {
+        int configured = 0; /* the rows the tiles are configured for */
+#pragma omp for schedule(static)
+        for (int64_t pair = 0; pair < n / 16; pair++) {
+            const int64_t g = 2 * pair;
+            const uint8_t *w0 = w + g * nb * block_bytes, *w1 = w0 + nb * block_bytes;
+            const uint16_t *d0 = wd + g * nb * 8, *m0 = wm ? wm + g * nb * 8 : NULL;
+            for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+                const int64_t chunk = r0 < full ? TILE_ROWS : rest;
+                if (configured != chunk) amx_configure((int)(configured = (int)chunk));
+                tile_chunk(w0, w1, d0, d0 + nb * 8, m0, m0 ? m0 + nb * 8 : NULL, nb, k, xq + r0 * k, xd + r0 * nb,
+                           xs ? xs + r0 * nb : NULL, out + r0 * out_stride + g * 8, out_stride, chunk);
+            }
+        }
+        _tile_release();
+    }
+    return rows;
+}
+#pragma GCC pop_options
+#else
+static int64_t amx_rows(const uint8_t *w, int64_t block_bytes, const uint16_t *wd, const uint16_t *wm, int64_t n,
+                        int64_t k, const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out,
+                        int64_t out_stride, int64_t threads, int64_t min_rows) {
+    (void)min_rows, (void)w, (void)block_bytes, (void)wd, (void)wm, (void)n, (void)k, (void)xq, (void)xd, (void)xs, (void)rows;
+    (void)out, (void)out_stride, (void)threads;
+    return 0;
+}
+#endif
+
 /* out[r, col] (row stride out_stride) for packed q4 weights of N output columns (N a multiple of 8), on
 `threads` threads (<= 0: OpenMP's default, torch's setting). */
 void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
                 const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
+    {
+        const int64_t done = amx_rows(w, 128, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, threads, TILE_MIN_ROWS_Q4);
+        xq += done * k, xd += done * nb, xs += done * nb, out += done * out_stride, rows -= done;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
     for (int64_t g = 0; g < n / 8; g++) {
         const uint8_t *wc = w + g * nb * 128;
@@ -200,6 +418,11 @@ void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_
 void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
                 int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
+    {
+        const int64_t done = amx_rows((const uint8_t *)w, 256, wd, NULL, n, k, xq, xd, NULL, rows, out, out_stride,
+                                      threads, TILE_MIN_ROWS_Q8);
+        xq += done * k, xd += done * nb, out += done * out_stride, rows -= done;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
     for (int64_t g = 0; g < n / 8; g++) {
         const int8_t *wc = w + g * nb * 256;

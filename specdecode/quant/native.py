@@ -29,6 +29,13 @@ _OPENMP_LOADED_BY = torch.__name__  # torch loads its OpenMP runtime, which the 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernels.c", "layers.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma", "f16c")
+# integer dot products with AMX tiles for passes of 16 rows or more and VNNI where the CPU has them (kernels.c:
+# the same sums, so the same bits), else AVX-512 VNNI on 256-bit vectors, else AVX2; in order of preference, the
+# CPU flags each needs and its compiler flags; each variant is its own cached build
+VARIANTS = {"amx": (("amx_tile", "amx_int8", "avx512f", "avx_vnni"), ("-DTILES", "-mavxvnni")),
+            "vnni": (("avx_vnni",), ("-mavxvnni",)),
+            "avx512-vnni": (("avx512_vnni", "avx512vl"), ("-mavx512vnni", "-mavx512vl")),
+            "avx2": ((), ())}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "quantize_activations": [_P, _I, _I, _P, _P, _P],
@@ -54,15 +61,34 @@ class KernelUnavailable(RuntimeError):
     """The native kernel cannot be built or run on this machine; the message says why, in one line."""
 
 
+def best_variant() -> str:
+    """The fastest build of the kernels this CPU runs (a key of VARIANTS)."""
+    flags = _cpu_flags()
+    return next(name for name, (needs, _) in VARIANTS.items() if all(flag in flags for flag in needs))
+
+
 @functools.cache
-def library() -> ctypes.CDLL:
-    """The loaded kernel library, built on first use (raises KernelUnavailable)."""
+def library(variant: str | None = None) -> ctypes.CDLL:
+    """The loaded kernel library (None: the best variant for this CPU), built on first use (raises
+    KernelUnavailable)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise KernelUnavailable(f"the quantized kernel needs an x86-64 CPU, this is {platform.machine()}")
     lacking = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
     if lacking:
         raise KernelUnavailable(f"the quantized kernel needs a CPU with {', '.join(lacking)}")
-    path = _build()
+    if variant is None:  # the best this CPU runs, else (a compiler without its flags) the plain AVX2 build
+        best = best_variant()
+        try:
+            return library(best)
+        except KernelUnavailable:
+            if best == "avx2":
+                raise
+            return library("avx2")
+    needs, extra = VARIANTS[variant]
+    lacking = [flag for flag in needs if flag not in _cpu_flags()]
+    if lacking:
+        raise KernelUnavailable(f"the {variant} kernels need a CPU with {', '.join(lacking)}")
+    path = _build(extra)
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as error:
@@ -84,12 +110,13 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _build() -> Path:
+def _build(extra: tuple[str, ...] = ()) -> Path:
     from ..models import cache_root
 
     source = b"".join(path.read_bytes() for path in SOURCES)
     compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    flags = (*FLAGS, *extra)
+    key = hashlib.sha256(source + " ".join((compiler, *flags)).encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / f"quant-{key}.so"
     if target.is_file():
         return target
@@ -99,7 +126,7 @@ def _build() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         built = Path(work) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True, text=True)
         if result.returncode != 0:
             first = (result.stderr.strip().splitlines() or ["no output"])[0]
             raise KernelUnavailable(f"compiling the quantized kernel failed: {first}")

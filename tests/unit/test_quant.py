@@ -32,7 +32,7 @@ def _reference(layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 21])
 @torch.inference_mode()
 def test_kernel_equals_its_float_reference(fmt, rows):
     """The integer dot products are exact, so the kernel differs from the float64 reference only by float32
@@ -174,6 +174,39 @@ def test_row_exact_attention_matches_sdpa_and_is_row_independent():
     seen = [0, 1, 2, 3, 4, 5, 6, 7, 9]  # node 2 alone over its visible keys only
     alone, _ = row_exact_forward(module, query[:, :, 2:3], key[:, :, seen], value[:, :, seen], None)
     assert torch.equal(alone[0, 0], exact[0, 2])
+
+
+def _variant_product(variant: str, layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+    lib = native.library(variant)
+    rows, k = x.shape
+    xq, scale, sums = quantize_activations(x)
+    out = torch.full((rows, layer.out_features), float("nan"))
+    if layer.fmt == "q4":
+        lib.gemm_q4_on(layer.codes.data_ptr(), layer.d.data_ptr(), layer.m.data_ptr(), layer.out_features, k,
+                       xq.data_ptr(), scale.data_ptr(), sums.data_ptr(), rows, out.data_ptr(), layer.out_features, 2)
+    else:
+        lib.gemm_q8_on(layer.codes.data_ptr(), layer.d.data_ptr(), layer.out_features, k, xq.data_ptr(),
+                       scale.data_ptr(), rows, out.data_ptr(), layer.out_features, 2)
+    return out
+
+
+@pytest.mark.parametrize("variant", [v for v in native.VARIANTS if v != "avx2"])
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@torch.inference_mode()
+def test_every_kernel_build_gives_the_same_bits(variant, fmt):
+    """The VNNI and AMX builds compute the same integer sums as the AVX2 one and scale them in the same order, so
+    every output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, for q8,
+    the rest) and whether N is a multiple of 16 (the tile path's two column groups) or not."""
+    needs, _ = native.VARIANTS[variant]
+    if not all(flag in native._cpu_flags() for flag in needs):
+        pytest.skip(f"this CPU lacks {', '.join(needs)}")
+    for n in (48, 40):
+        layer = PackedLinear(_linear(n, 320, seed=n), fmt)
+        for rows in (1, 2, 5, 16, 21, 37):
+            x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(rows))
+            ours, plain = _variant_product(variant, layer, x), _variant_product("avx2", layer, x)
+            assert not ours.isnan().any()
+            assert torch.equal(ours, plain), (n, rows)
 
 
 def test_the_kernel_builds_into_an_empty_cache(tmp_path, monkeypatch):
