@@ -7,6 +7,9 @@ kernels.c multiplies int8 activations by 4- or 8-bit weights with integer instru
 ~25 GB/s on 2 threads (docs/design-notes.md, "Quantized weights"). torchao's CPU kernels for int4 are the same
 torch ops on x86 (its dynamic-activation kernels target ARM).
 
+On CPUs with VNNI or AMX the same sources build with their integer dot-product instructions (VARIANTS); the
+outputs are the AVX2 build's, bit for bit (kernels.c).
+
 The library is built with the system C compiler ($CC, else cc) into the user cache, keyed by the source's hash,
 and linked against OpenMP: opened after torch, it shares torch's OpenMP runtime (same soname), so its threads
 are torch's and `torch.set_num_threads` governs both."""
