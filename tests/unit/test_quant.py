@@ -209,6 +209,24 @@ def test_every_kernel_build_gives_the_same_bits(variant, fmt):
             assert torch.equal(ours, plain), (n, rows)
 
 
+def test_the_build_follows_the_cpu_flags(monkeypatch):
+    """AMX where the CPU has the tiles (and VNNI), else VNNI, else AVX2; a build whose instructions the CPU lacks
+    is refused in one line rather than loaded and crashing."""
+    base = {"avx2", "fma", "f16c"}
+    cases = [(base, "avx2"), (base | {"avx512_vnni", "avx512vl"}, "avx512-vnni"), (base | {"avx_vnni"}, "vnni"),
+             (base | {"avx_vnni", "avx512f", "amx_tile", "amx_int8"}, "amx")]
+    for flags, expected in cases:
+        monkeypatch.setattr(native, "_cpu_flags", lambda flags=flags: flags)
+        assert native.best_variant() == expected
+    monkeypatch.setattr(native, "_cpu_flags", lambda: base)
+    native.library.cache_clear()
+    try:
+        with pytest.raises(native.KernelUnavailable, match="the amx kernels need a CPU with amx_tile"):
+            native.library("amx")
+    finally:
+        native.library.cache_clear()
+
+
 def test_the_kernel_builds_into_an_empty_cache(tmp_path, monkeypatch):
     """A fresh machine compiles kernels.c on first use, into the user cache; a missing compiler is one line."""
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
