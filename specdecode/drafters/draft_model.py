@@ -61,7 +61,6 @@ class DraftModel(RowStateDrafter):
     def forget_prefixes(self) -> None:
         self._held.clear()
 
-
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return [self._draft_one(seq) for seq in seqs]
 

@@ -140,14 +140,14 @@ def _deinterleave(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _packed_matmul(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor,
-                   m: torch.Tensor | None, threads: int = 0) -> torch.Tensor:
+                   m: torch.Tensor | None, threads: int = 0, variant: str | None = None) -> torch.Tensor:
     """flat [rows, K] float -> [rows, N] float32 through kernels.c (m None: q8 weights, else q4) on `threads`
-    threads (0: torch's setting)."""
+    threads (0: torch's setting), in the build `variant` (None: the best for this CPU; native.VARIANTS)."""
     rows, k = flat.shape
     n = codes.shape[0] * GROUP
     xq, scale, sums = quantize_activations(flat)
     out = torch.empty(rows, n, dtype=torch.float32)  # [rows, N]
-    lib = native.library()
+    lib = native.library(variant)
     if m is not None:
         lib.gemm_q4_on(codes.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(),
                        sums.data_ptr(), rows, out.data_ptr(), n, threads)

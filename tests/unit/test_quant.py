@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from specdecode.quant import native
-from specdecode.quant.linear import (BLOCK, HalfEmbedding, PackedLinear, pack_model, packable, quantize_activations,
-                                     quantize_q4, quantize_q8)
+from specdecode.quant.linear import (BLOCK, HalfEmbedding, PackedLinear, _packed_matmul, pack_model, packable,
+                                     quantize_activations, quantize_q4, quantize_q8)
 from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=f"no native kernel: {native.missing()}")
@@ -176,27 +176,14 @@ def test_row_exact_attention_matches_sdpa_and_is_row_independent():
     assert torch.equal(alone[0, 0], exact[0, 2])
 
 
-def _variant_product(variant: str, layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
-    lib = native.library(variant)
-    rows, k = x.shape
-    xq, scale, sums = quantize_activations(x)
-    out = torch.full((rows, layer.out_features), float("nan"))
-    if layer.fmt == "q4":
-        lib.gemm_q4_on(layer.codes.data_ptr(), layer.d.data_ptr(), layer.m.data_ptr(), layer.out_features, k,
-                       xq.data_ptr(), scale.data_ptr(), sums.data_ptr(), rows, out.data_ptr(), layer.out_features, 2)
-    else:
-        lib.gemm_q8_on(layer.codes.data_ptr(), layer.d.data_ptr(), layer.out_features, k, xq.data_ptr(),
-                       scale.data_ptr(), rows, out.data_ptr(), layer.out_features, 2)
-    return out
-
-
 @pytest.mark.parametrize("variant", [v for v in native.VARIANTS if v != "avx2"])
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 @torch.inference_mode()
 def test_every_kernel_build_gives_the_same_bits(variant, fmt):
     """The VNNI and AMX builds compute the same integer sums as the AVX2 one and scale them in the same order, so
     every output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, for q8,
-    the rest) and whether N is a multiple of 16 (the tile path's two column groups) or not."""
+    the rest) and whether N is a multiple of 16 (the tile path's two column groups) or not. (Rows a build left
+    unwritten would hold whatever the buffer held: test_kernel_equals_its_float_reference covers 21 rows too.)"""
     needs, _ = native.VARIANTS[variant]
     if not all(flag in native._cpu_flags() for flag in needs):
         pytest.skip(f"this CPU lacks {', '.join(needs)}")
@@ -204,8 +191,8 @@ def test_every_kernel_build_gives_the_same_bits(variant, fmt):
         layer = PackedLinear(_linear(n, 320, seed=n), fmt)
         for rows in (1, 2, 5, 16, 21, 37):
             x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(rows))
-            ours, plain = _variant_product(variant, layer, x), _variant_product("avx2", layer, x)
-            assert not ours.isnan().any()
+            ours = _packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant=variant)
+            plain = _packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant="avx2")
             assert torch.equal(ours, plain), (n, rows)
 
 
