@@ -105,28 +105,30 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return total;
 }
 
-/* dot(q, k0..k3) into out[0..3], each summed exactly as dot() sums it (for d a multiple of 8) */
-static inline void dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int64_t d,
-                        float *out) {
-    if (d % 8) {
-        out[0] = dot(q, k0, d), out[1] = dot(q, k1, d), out[2] = dot(q, k2, d), out[3] = dot(q, k3, d);
-        return;
-    }
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+/* hsum of each of a[0..7] into out[0..7], associated exactly as dot() associates one: ((l0 + l4) + (l2 + l6)) +
+((l1 + l5) + (l3 + l7)); eight at a time through shuffles rather than eight chains of single-lane steps */
+static inline void hsum8(const __m256 *a, float *out) {
+    __m256 s[4];
+    for (int j = 0; j < 4; j++) /* lanes i + (i + 4) of a[2j] (low half) and a[2j + 1] (high half) */
+        s[j] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * j], a[2 * j + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * j], a[2 * j + 1], 0x31));
+    /* t = [a0: s0 + s2, s1 + s3, a2: ..., | a1: ..., a3: ...], and the same for a4..a7 */
+    const __m256 t0 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], 0x44), _mm256_shuffle_ps(s[0], s[1], 0xEE));
+    const __m256 t1 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], 0x44), _mm256_shuffle_ps(s[2], s[3], 0xEE));
+    const __m256 h = _mm256_hadd_ps(t0, t1); /* [a0, a2, a4, a6 | a1, a3, a5, a7] */
+    _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+/* dot(q, keys[j]) for 8 consecutive keys [8, d] into out[0..7], each summed exactly as dot() sums it (for d a
+multiple of 8): eight independent accumulator chains, so a key costs its multiply-adds rather than their latency */
+static inline void dot8(const float *q, const float *keys, int64_t d, float *out) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
         const __m256 x = _mm256_loadu_ps(q + i);
-        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + i), a0);
-        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k1 + i), a1);
-        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + i), a2);
-        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + i), a3);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys + j * d + i), acc[j]);
     }
-    const __m256 acc[4] = {a0, a1, a2, a3};
-    for (int j = 0; j < 4; j++) {
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        out[j] = _mm_cvtss_f32(s);
-    }
+    hsum8(acc, out);
 }
 
 /* e^x for x <= 0 (softmax's shifted scores), 8 at a time: Cephes' expf (range reduction by ln 2, a degree-5
@@ -174,29 +176,27 @@ static float exp_shifted(float *scores, int64_t n, float best) {
     return total;
 }
 
-/* out[:d] = sum_i p[i] * values[seen[i], :d], accumulated in registers 32 columns at a time, i in order */
-static void weighted_sum(const float *p, const int32_t *seen, int64_t n, const float *values, int64_t d, float *out) {
+/* out[:d] = fma(p[t], values[t, :d], out[:d]) for t < count, t in order: one element's arithmetic is the same
+whatever the count (64 columns per register block: eight independent chains) */
+static inline void add_values(float *out, const float *p, const float *values, int64_t count, int64_t d) {
     int64_t e = 0;
-    for (; e + 32 <= d; e += 32) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i++) {
-            const __m256 w = _mm256_set1_ps(p[i]);
-            const float *v = values + (int64_t)seen[i] * d + e;
-            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);
-            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2);
-            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
+    for (; e + 64 <= d; e += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_loadu_ps(out + e + 8 * j);
+        for (int64_t t = 0; t < count; t++) {
+            const __m256 w = _mm256_set1_ps(p[t]);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + t * d + e + 8 * j), a[j]);
         }
-        _mm256_storeu_ps(out + e, a0);
-        _mm256_storeu_ps(out + e + 8, a1);
-        _mm256_storeu_ps(out + e + 16, a2);
-        _mm256_storeu_ps(out + e + 24, a3);
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + e + 8 * j, a[j]);
     }
-    for (; e < d; e++) {
-        float a = 0.0f;
-        for (int64_t i = 0; i < n; i++) a = fmaf(p[i], values[(int64_t)seen[i] * d + e], a);
-        out[e] = a;
+    for (; e + 8 <= d; e += 8) {
+        __m256 a = _mm256_loadu_ps(out + e);
+        for (int64_t t = 0; t < count; t++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(values + t * d + e), a);
+        _mm256_storeu_ps(out + e, a);
     }
+    for (; e < d; e++)
+        for (int64_t t = 0; t < count; t++) out[e] = fmaf(p[t], values[t * d + e], out[e]);
 }
 
 /* g[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u over R rows of n (a multiple of 32: down_proj's packed input),
@@ -214,42 +214,111 @@ static void silu_mul(float *g, const float *u, int64_t rows, int64_t n) {
     }
 }
 
-/* att[r, h, :] = softmax(q[r, h] . K_j * scale over visible j) @ V_j, for every row and head */
+static inline int sees8(const uint8_t *visible) { /* all of 8 mask bytes (0 or 1) set */
+    uint64_t v;
+    memcpy(&v, visible, 8);
+    return v == 0x0101010101010101ull;
+}
+
+/* att[r, h, :] for rows r0..r1 (of one batch row) x heads h0..h1 (of one kv head's group): softmax(q . K_j * scale
+over the visible slots j) @ V_j. The cache is swept 8 slots at a time and each slice of keys, then of values, is
+used by all the unit's queries while it is in L1 (a query alone would read the whole cache from L2). A query's
+scores are in slot order and each is dot()'s sum, its softmax is one pass over them, and each output element is
+accumulated in slot order: the same bits whatever else is in the unit. scores [queries, kv_len], used [queries]. */
+static void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0, int64_t r1, int64_t h0, int64_t h1,
+                        const float *keys, const float *values, const uint8_t *mask, int64_t kv_len, float *scores,
+                        int64_t *used) {
+    const int64_t heads = L->heads, d = L->head_dim, nh = h1 - h0, queries = (r1 - r0) * nh;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int64_t i = 0; i < queries; i++) used[i] = 0;
+    for (int64_t j = 0; j < kv_len; j += 8) { /* scores */
+        const int64_t width = kv_len - j < 8 ? kv_len - j : 8;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *visible = mask + r * kv_len + j;
+            const int whole = width == 8 && d % 8 == 0 && sees8(visible);
+            for (int64_t hh = h0; hh < h1; hh++) {
+                const int64_t i = (r - r0) * nh + hh - h0;
+                const float *query = s->q + (r * heads + hh) * d;
+                float *score = scores + i * kv_len;
+                if (whole) {
+                    dot8(query, keys + j * d, d, score + used[i]);
+                    used[i] += 8;
+                } else {
+                    for (int64_t t = 0; t < width; t++)
+                        if (visible[t]) score[used[i]++] = dot(query, keys + (j + t) * d, d);
+                }
+            }
+        }
+    }
+    for (int64_t i = 0; i < queries; i++) { /* softmax */
+        float *score = scores + i * kv_len, best = -INFINITY;
+        const int64_t n = used[i];
+        for (int64_t t = 0; t < n; t++) {
+            score[t] *= scale;
+            if (score[t] > best) best = score[t];
+        }
+        const float total = exp_shifted(score, n, best);
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (int64_t t = 0; t < n; t++) score[t] *= inv;
+        used[i] = 0;
+        const int64_t r = r0 + i / nh, hh = h0 + i % nh;
+        memset(s->att + (r * heads + hh) * d, 0, sizeof(float) * d);
+    }
+    for (int64_t j = 0; j < kv_len; j += 8) { /* probabilities @ values */
+        const int64_t width = kv_len - j < 8 ? kv_len - j : 8;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *visible = mask + r * kv_len + j;
+            const int whole = width == 8 && sees8(visible);
+            for (int64_t hh = h0; hh < h1; hh++) {
+                const int64_t i = (r - r0) * nh + hh - h0;
+                float *out = s->att + (r * heads + hh) * d;
+                const float *p = scores + i * kv_len;
+                if (whole) {
+                    add_values(out, p + used[i], values + j * d, 8, d);
+                    used[i] += 8;
+                } else {
+                    for (int64_t t = 0; t < width; t++)
+                        if (visible[t]) add_values(out, p + used[i]++, values + (j + t) * d, 1, d);
+                }
+            }
+        }
+    }
+}
+
+#define UNIT_QUERIES 16 /* most queries per unit (its scores are [queries, kv_len]) */
+
+/* att[r, h, :] for every row and head: units of rows x heads sharing one kv head, split until the threads have
+enough of them to balance (dynamic schedule) */
 static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
                    float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len, int64_t threads) {
-    const int64_t heads = L->heads, d = L->head_dim, groups = L->heads / L->kv_heads;
-    const float scale = 1.0f / sqrtf((float)d);
+    const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads, batch = rows / q_len;
+    int64_t hc = groups < UNIT_QUERIES ? groups : UNIT_QUERIES, rc = UNIT_QUERIES / hc;
+    int64_t rchunks = 0, hchunks = 0, units = 0;
+    for (;;) {
+        rc = rc < q_len ? rc : q_len;
+        rchunks = (q_len + rc - 1) / rc, rc = (q_len + rchunks - 1) / rchunks; /* even chunks */
+        hchunks = (groups + hc - 1) / hc, hc = (groups + hchunks - 1) / hchunks;
+        units = batch * kv_heads * rchunks * hchunks;
+        if ((units >= 2 * threads && units % threads == 0) || units >= 4 * threads || (rc == 1 && hc == 1)) break;
+        if (rc > 1) rc = (rc + 1) / 2;
+        else hc = (hc + 1) / 2;
+    }
+    const int64_t queries = rc * hc;
 #pragma omp parallel num_threads((int)threads)
     {
-        float *scores = malloc(sizeof(float) * (kv_len > 0 ? kv_len : 1));
-        int32_t *seen = malloc(sizeof(int32_t) * (kv_len > 0 ? kv_len : 1));
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t hh = 0; hh < heads; hh++) {
-                const int64_t b = r / q_len, kvh = hh / groups;
-                const float *keys = kbase[b] + kvh * cap[b] * d, *values = vbase[b] + kvh * cap[b] * d;
-                const uint8_t *visible = mask + r * kv_len;
-                const float *query = s->q + (r * heads + hh) * d;
-                int64_t n = 0;
-                for (int64_t j = 0; j < kv_len; j++)
-                    if (visible[j]) seen[n++] = (int32_t)j;
-                int64_t i = 0;
-                for (; i + 4 <= n; i += 4) /* four independent dot products at a time; each sums in dot()'s order */
-                    dot4(query, keys + (int64_t)seen[i] * d, keys + (int64_t)seen[i + 1] * d,
-                         keys + (int64_t)seen[i + 2] * d, keys + (int64_t)seen[i + 3] * d, d, scores + i);
-                for (; i < n; i++) scores[i] = dot(query, keys + (int64_t)seen[i] * d, d);
-                float best = -INFINITY;
-                for (i = 0; i < n; i++) {
-                    scores[i] *= scale;
-                    if (scores[i] > best) best = scores[i];
-                }
-                const float total = exp_shifted(scores, n, best);
-                const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-                for (i = 0; i < n; i++) scores[i] *= inv;
-                weighted_sum(scores, seen, n, values, d, s->att + (r * heads + hh) * d);
-            }
+        float *scores = malloc(sizeof(float) * queries * (kv_len > 0 ? kv_len : 1));
+        int64_t *used = malloc(sizeof(int64_t) * queries);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t hi = u % hchunks, ri = u / hchunks % rchunks, kvh = u / (hchunks * rchunks) % kv_heads;
+            const int64_t b = u / (hchunks * rchunks * kv_heads);
+            const int64_t r0 = b * q_len + ri * rc, r1 = r0 + rc < (b + 1) * q_len ? r0 + rc : (b + 1) * q_len;
+            const int64_t h0 = kvh * groups + hi * hc, h1 = h0 + hc < (kvh + 1) * groups ? h0 + hc : (kvh + 1) * groups;
+            const float *keys = kbase[b] + kvh * cap[b] * d, *values = vbase[b] + kvh * cap[b] * d;
+            attend_unit(L, s, r0, r1, h0, h1, keys, values, mask, kv_len, scores, used);
+        }
         free(scores);
-        free(seen);
+        free(used);
     }
 }
 

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specdecode.quant import native
 from specdecode.quant.weights import apply
@@ -35,8 +35,20 @@ def packed(model: torch.nn.Module, fmt: str) -> torch.nn.Module:
     return model
 
 
+def llama_heads(hidden: int, heads: int, kv_heads: int) -> LlamaForCausalLM:
+    """A tiny Llama with another head layout: head_dim = hidden / heads (attention has paths for head_dim a
+    multiple of 64, of 8, and neither)."""
+    config = LlamaConfig(vocab_size=259, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+                         pad_token_id=0, eos_token_id=2, initializer_range=0.3, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
 MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2}
+HEAD_LAYOUTS = {**MODELS, "head_dim 64": lambda: llama_heads(256, 4, 2), "head_dim 12": lambda: llama_heads(96, 8, 2)}
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
+LONG_PROMPT = [(7 * i + 3) % 250 + 3 for i in range(45)]
 
 
 def prefill(target: Target, ids: list[int], **kwargs):
@@ -64,21 +76,29 @@ def test_a_layer_matches_transformers(arch, fmt):
     assert (ours.logits.argmax(-1) == theirs.logits.argmax(-1)).float().mean() >= 0.9
 
 
-@pytest.mark.parametrize("arch", list(MODELS))
-def test_a_tree_pass_gives_each_node_its_one_token_logits(arch):
+TREES = {"6 nodes": ([11, 12, 13, 14, 15, 16], [-1, 0, 1, 0, 3, 1]),  # two branches off node 0, one off node 1
+         "20 nodes": (list(range(20, 40)), [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 12, 13, 1, 15, 2, 17, 17])}
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["11 tokens", "45 tokens"])
+@pytest.mark.parametrize("arch", list(HEAD_LAYOUTS))
+def test_a_tree_pass_gives_each_node_its_one_token_logits(arch, prompt, tree):
     """Speculation's losslessness over a packed target rests on this: a verify pass over a tree reproduces, bit
-    for bit, the logits each node gets when its path is decoded one token at a time."""
-    target = Target(packed(MODELS[arch](), "int4"))
-    tokens, parents = [11, 12, 13, 14, 15, 16], [-1, 0, 1, 0, 3, 1]  # two branches off node 0, one off node 1
-    cache, _ = prefill(target, PROMPT)
-    start = len(PROMPT)
+    for bit, the logits each node gets when its path is decoded one token at a time (attention shares each slice
+    of the cache among the rows and heads of a unit, 8 slots at a time: prompts that do and do not fill the last
+    slice, trees that are and are not split into several units)."""
+    target = Target(packed(HEAD_LAYOUTS[arch](), "int4"))
+    tokens, parents = TREES[tree]
+    cache, _ = prefill(target, prompt)
+    start = len(prompt)
     tree = target.forward(cache, [0], build_block([start], [tokens], [parents], target.pad_id, "cpu")).logits[0]
     for node in range(len(tokens)):
         path = [node]
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])
         path.reverse()
-        alone, _ = prefill(target, PROMPT)
+        alone, _ = prefill(target, prompt)
         for depth, step in enumerate(path):
             block = build_block([start + depth], [[tokens[step]]], [[-1]], target.pad_id, "cpu")
             logits = target.forward(alone, [0], block).logits[0, 0]
