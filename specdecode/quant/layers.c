@@ -288,9 +288,8 @@ static void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0
 #define UNIT_QUERIES 16 /* most queries per unit (its scores are [queries, kv_len]) */
 
 /* att[r, h, :] for every row and head: units of rows x heads sharing one kv head, split until the threads have
-enough of them to balance (dynamic schedule). Measured with 2 threads over 30 layers of SmolLM2's attention
-(9 heads, 3 kv heads): 16 rows at 600 slots 15.4 -> 11.6 ms against one unit per row and head, 6 rows 6.0 -> 4.1,
-one row 1.64 -> 1.27. */
+enough of them to balance (dynamic schedule). Against one unit per row and head: docs/design-notes.md, "Native
+decoder layers" (scripts/bench_attention.c). */
 static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
                    float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len, int64_t threads) {
     const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads, batch = rows / q_len;
