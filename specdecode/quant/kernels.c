@@ -24,14 +24,19 @@ its end: every unpacked weight vector and product is then alive at once and spil
 #define QK 32
 #define ROWS 8 /* rows accumulated together: the weight block is unpacked once for them */
 /* Where there is a tile path (AMX), the fewest rows it takes: q4 weights need their codes unpacked for the tiles,
-which pays only over 16 rows; q8 weights are copied as they are, which pays from 2 rows (the head of a verify pass:
-~12 ms against ~15.5 for 4 rows of Qwen2.5 1.5B's 151,936 x 1,536 head). */
+which pays only over 16 rows; q8 weights are copied as they are. A large q8 product is read from memory, and its
+tiles' fixed work per block hides under the read from 2 rows (the head of a verify pass: ~12 ms against ~15.5 for 4
+rows of Qwen2.5 1.5B's 151,936 x 1,536 head). A small one comes from cache fast enough that the vector path wins up
+to ~6 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.61 / 0.63 / 0.76 ms at 2 / 3 / 4 rows against 1.03 / 1.04 /
+1.05 with tiles, equal at 6, tiles ahead at 8). */
 #ifndef TILE_MIN_ROWS_Q4
 #define TILE_MIN_ROWS_Q4 16
 #endif
 #ifndef TILE_MIN_ROWS_Q8
 #define TILE_MIN_ROWS_Q8 2
 #endif
+#define TILE_MIN_ROWS_Q8_SMALL 6
+#define TILE_Q8_LARGE ((int64_t)64 << 20) /* weights (bytes of codes) from which a q8 product counts as large */
 #ifndef PREFETCH
 #define PREFETCH 2048 /* bytes ahead of the weights being read */
 #endif
@@ -420,7 +425,7 @@ void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const
     const int64_t nb = k / QK;
     {
         const int64_t done = amx_rows((const uint8_t *)w, 256, wd, NULL, n, k, xq, xd, NULL, rows, out, out_stride,
-                                      threads, TILE_MIN_ROWS_Q8);
+                                      threads, n * k >= TILE_Q8_LARGE ? TILE_MIN_ROWS_Q8 : TILE_MIN_ROWS_Q8_SMALL);
         xq += done * k, xd += done * nb, out += done * out_stride, rows -= done;
     }
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
