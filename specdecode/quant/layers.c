@@ -287,27 +287,37 @@ static void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0
 
 #define UNIT_QUERIES 16 /* most queries per unit (its scores are [queries, kv_len]) */
 
-/* att[r, h, :] for every row and head: units of rows x heads sharing one kv head, split until the threads have
-enough of them to balance (dynamic schedule). Against one unit per row and head: docs/design-notes.md, "Native
-decoder layers" (scripts/bench_attention.c). */
-static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
-                   float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len, int64_t threads) {
-    const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads, batch = rows / q_len;
+/* How attend() cuts a kv head's q_len rows x groups heads into units of at most UNIT_QUERIES queries: the largest
+units (each reads its slice of the cache once) that still give the threads enough to balance: as many units as
+threads for one-token rows, which are bound by reading the cache; otherwise a multiple of the threads from twice
+their number, or four times it. Halves the rows per unit, then the heads, until then. -> units; *rows_per, *heads_per
+(chunks as even as the counts allow). */
+static int64_t unit_shape(int64_t batch, int64_t q_len, int64_t kv_heads, int64_t groups, int64_t threads,
+                          int64_t *rows_per, int64_t *heads_per) {
     int64_t hc = groups < UNIT_QUERIES ? groups : UNIT_QUERIES, rc = UNIT_QUERIES / hc;
-    int64_t rchunks = 0, hchunks = 0, units = 0;
     for (;;) {
         rc = rc < q_len ? rc : q_len;
-        rchunks = (q_len + rc - 1) / rc, rc = (q_len + rchunks - 1) / rchunks; /* even chunks */
-        hchunks = (groups + hc - 1) / hc, hc = (groups + hchunks - 1) / hchunks;
-        units = batch * kv_heads * rchunks * hchunks;
-        /* one-token rows are bound by reading the cache: fewest units (each reads its kv head's slice once) */
+        rc = (q_len + (q_len + rc - 1) / rc - 1) / ((q_len + rc - 1) / rc); /* even chunks of the same count */
+        hc = (groups + (groups + hc - 1) / hc - 1) / ((groups + hc - 1) / hc);
+        const int64_t units = batch * kv_heads * ((q_len + rc - 1) / rc) * ((groups + hc - 1) / hc);
         if ((q_len == 1 && units >= threads) || (units >= 2 * threads && units % threads == 0) || units >= 4 * threads
-            || (rc == 1 && hc == 1))
-            break;
+            || (rc == 1 && hc == 1)) {
+            *rows_per = rc, *heads_per = hc;
+            return units;
+        }
         if (rc > 1) rc = (rc + 1) / 2;
         else hc = (hc + 1) / 2;
     }
-    const int64_t queries = rc * hc;
+}
+
+/* att[r, h, :] for every row and head, unit by unit (unit_shape; dynamic schedule). Against one unit per row and
+head: docs/design-notes.md, "Native decoder layers" (scripts/bench_attention.c). */
+static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
+                   float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len, int64_t threads) {
+    const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads, batch = rows / q_len;
+    int64_t rc, hc;
+    const int64_t units = unit_shape(batch, q_len, kv_heads, groups, threads, &rc, &hc);
+    const int64_t rchunks = (q_len + rc - 1) / rc, hchunks = (groups + hc - 1) / hc, queries = rc * hc;
 #pragma omp parallel num_threads((int)threads)
     {
         float *scores = malloc(sizeof(float) * queries * (kv_len > 0 ? kv_len : 1));
