@@ -23,15 +23,20 @@ its end: every unpacked weight vector and product is then alive at once and spil
 
 #define QK 32
 #define ROWS 8 /* rows accumulated together: the weight block is unpacked once for them */
-/* Where there is a tile path (AMX), the fewest rows it takes: q4 weights need their codes unpacked for the tiles,
-which pays only over 16 rows; q8 weights are copied as they are. A large q8 product is read from memory, and its
+/* Where there is a tile path (AMX), the fewest rows it takes. q4 weights need their codes unpacked for the tiles:
+a large q4 product (1 MiB of codes or more, each of Qwen2.5's projections) takes them from 8 rows (whole Qwen2.5
+1.5B passes of 10 / 12 / 14 rows: 86 / 96 / ~110 -> 74 / 81 / 89 ms); a small one (SmolLM2's) from 16 rows: alone,
+one product repeated, the tiles win from 6 rows, but whole SmolLM2 passes of 8-12 rows were 0.3-0.8 ms slower with
+them (the cause not found). q8 weights are copied as they are. A large q8 product is read from memory, and its
 tiles' fixed work per block hides under the read from 2 rows (the head of a verify pass: ~12 ms against ~15.5 for 4
 rows of Qwen2.5 1.5B's 151,936 x 1,536 head). A small one comes from cache fast enough that the vector path wins up
 to ~6 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.61 / 0.63 / 0.76 ms at 2 / 3 / 4 rows against 1.03 / 1.04 /
 1.05 with tiles, equal at 6, tiles ahead at 8). */
 #ifndef TILE_MIN_ROWS_Q4
-#define TILE_MIN_ROWS_Q4 16
+#define TILE_MIN_ROWS_Q4 8
 #endif
+#define TILE_MIN_ROWS_Q4_SMALL 16
+#define TILE_Q4_LARGE ((int64_t)1 << 20) /* bytes of codes from which a q4 product counts as large */
 #ifndef TILE_MIN_ROWS_Q8
 #define TILE_MIN_ROWS_Q8 2
 #endif
@@ -238,6 +243,8 @@ static void amx_configure(int rows) {
     c.rows[3] = rows, c.colsb[3] = 64;   /* the same three for a second block */
     c.rows[4] = rows, c.colsb[4] = QK;
     c.rows[5] = QK / 4, c.colsb[5] = 64;
+    c.rows[6] = rows, c.colsb[6] = 64;   /* C again, for the pairs that alternate with 0 and 3 */
+    c.rows[7] = rows, c.colsb[7] = 64;
     _tile_loadconfig(&c);
 }
 
@@ -295,46 +302,62 @@ static inline __attribute__((always_inline)) void scale_sums(const int32_t *sums
 }
 
 /* R <= 16 rows (x, xd, xs from the chunk's first row; the tiles configured for R rows) x 16 columns: groups g
-(w0, d0, m0) and g + 1 (w1, d1, m1). For q8, m0 is NULL and w* point at 256-byte blocks. Two blocks at a time in
-separate tiles (0-2 and 3-5), so one block's tile multiply overlaps the other's staging and scaling. */
+(w0, d0, m0) and g + 1 (w1, d1, m1). For q8, m0 is NULL and w* point at 256-byte blocks.
+A software pipeline two blocks wide: while a pair of blocks multiplies in its tiles, the pair before it is scaled
+from the sums it stored and the pair after it is staged. A tile load of freshly staged codes, and a vector load of
+freshly stored sums, wait for the stores to reach the cache; done in order (stage, multiply, store, scale) each
+block waited for both (an 8960 x 1536 q4 layer, alone, from cache, at 4 / 8 / 12 rows: 0.47 / 0.50 / 0.54 ms ->
+0.28 / 0.36 / 0.50). At 16 rows it is unchanged (~0.6 ms): scaling the sums, four vector operations per row and
+block, bounds it there.
+Two sets of sum tiles (0, 3 and 6, 7) take turns, so a pair's multiplies do not wait for the store of the pair
+before. The blocks are scaled in order, as the vector path scales them. */
+#define TILE_MULTIPLY(C, A, B, blk, staged) \
+    do { _tile_zero(C); _tile_loadd(A, xq + (blk) * QK, k); _tile_loadd(B, staged, 64); _tile_dpbssd(C, A, B); } while (0)
+
 static inline __attribute__((always_inline)) void tile_rows(const uint8_t *w0, const uint8_t *w1, const uint16_t *d0,
                                                             const uint16_t *d1, const uint16_t *m0, const uint16_t *m1,
                                                             int64_t nb, int64_t k, const int8_t *xq, const float *xd,
                                                             const float *xs, float *out, int64_t out_stride,
                                                             const int R) {
-    int8_t b_tile[2][QK / 4 * 64] __attribute__((aligned(64)));
-    int32_t sums[2][TILE_ROWS * 16] __attribute__((aligned(64)));
+    int8_t b_tile[2][QK / 4 * 64] __attribute__((aligned(64)));   /* the next pair's B operands */
+    int32_t sums[2][2][TILE_ROWS * 16] __attribute__((aligned(64))); /* [pair parity][block of the pair] */
     __m512 acc[TILE_ROWS];
     const int q4 = m0 != NULL;
     for (int j = 0; j < TILE_ROWS; j++) acc[j] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        stage_b(w0, w1, q4, b, b_tile[0]);
-        _tile_zero(0);
-        _tile_loadd(1, xq + b * QK, k);
-        _tile_loadd(2, b_tile[0], 64);
-        _tile_dpbssd(0, 1, 2);
-        stage_b(w0, w1, q4, b + 1, b_tile[1]);
-        _tile_zero(3);
-        _tile_loadd(4, xq + (b + 1) * QK, k);
-        _tile_loadd(5, b_tile[1], 64);
-        _tile_dpbssd(3, 4, 5);
-        _tile_stored(0, sums[0], 64);
-        _tile_stored(3, sums[1], 64);
-        scale_sums(sums[0], d0, d1, m0, m1, nb, b, xd, xs, acc, R);
-        scale_sums(sums[1], d0, d1, m0, m1, nb, b + 1, xd, xs, acc, R);
+    stage_b(w0, w1, q4, 0, b_tile[0]);
+    if (nb > 1) stage_b(w0, w1, q4, 1, b_tile[1]);
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int odd = (int)(b / 2) & 1, two = b + 1 < nb;
+        if (odd) {
+            TILE_MULTIPLY(6, 1, 2, b, b_tile[0]);
+            if (two) TILE_MULTIPLY(7, 4, 5, b + 1, b_tile[1]);
+        } else {
+            TILE_MULTIPLY(0, 1, 2, b, b_tile[0]);
+            if (two) TILE_MULTIPLY(3, 4, 5, b + 1, b_tile[1]);
+        }
+        if (b > 0) { /* the pair before, stored last time round: always two blocks */
+            scale_sums(sums[!odd][0], d0, d1, m0, m1, nb, b - 2, xd, xs, acc, R);
+            scale_sums(sums[!odd][1], d0, d1, m0, m1, nb, b - 1, xd, xs, acc, R);
+        }
+        if (b + 2 < nb) stage_b(w0, w1, q4, b + 2, b_tile[0]);
+        if (b + 3 < nb) stage_b(w0, w1, q4, b + 3, b_tile[1]);
+        if (odd) {
+            _tile_stored(6, sums[1][0], 64);
+            if (two) _tile_stored(7, sums[1][1], 64);
+        } else {
+            _tile_stored(0, sums[0][0], 64);
+            if (two) _tile_stored(3, sums[0][1], 64);
+        }
     }
-    for (; b < nb; b++) {
-        stage_b(w0, w1, q4, b, b_tile[0]);
-        _tile_zero(0);
-        _tile_loadd(1, xq + b * QK, k);
-        _tile_loadd(2, b_tile[0], 64);
-        _tile_dpbssd(0, 1, 2);
-        _tile_stored(0, sums[0], 64);
-        scale_sums(sums[0], d0, d1, m0, m1, nb, b, xd, xs, acc, R);
+    { /* the last pair */
+        const int64_t b = (nb - 1) & ~(int64_t)1;
+        const int odd = (int)(b / 2) & 1;
+        scale_sums(sums[odd][0], d0, d1, m0, m1, nb, b, xd, xs, acc, R);
+        if (b + 1 < nb) scale_sums(sums[odd][1], d0, d1, m0, m1, nb, b + 1, xd, xs, acc, R);
     }
     for (int j = 0; j < R; j++) _mm512_storeu_ps(out + j * out_stride, acc[j]);
 }
+#undef TILE_MULTIPLY
 
 #define TILE_CASE(R) \
     case R: tile_rows(w0, w1, d0, d1, m0, m1, nb, k, xq, xd, xs, out, out_stride, R); break;
@@ -393,7 +416,8 @@ void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_
                 const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
     {
-        const int64_t done = amx_rows(w, 128, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, threads, TILE_MIN_ROWS_Q4);
+        const int64_t done = amx_rows(w, 128, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, threads,
+                                      n * k / 2 >= TILE_Q4_LARGE ? TILE_MIN_ROWS_Q4 : TILE_MIN_ROWS_Q4_SMALL);
         xq += done * k, xd += done * nb, xs += done * nb, out += done * out_stride, rows -= done;
     }
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())

@@ -181,20 +181,23 @@ def test_row_exact_attention_matches_sdpa_and_is_row_independent():
 @torch.inference_mode()
 def test_every_kernel_build_gives_the_same_bits(variant, fmt):
     """The VNNI and AMX builds compute the same integer sums as the AVX2 one and scale them in the same order, so
-    every output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, for q8,
-    a rest of 6 or more in products this small: 10 rows on tiles, 21 = 16 + 5 on the vector path) and whether N is
-    a multiple of 16 (the tile path's two column groups) or not. (Rows a build left unwritten would hold whatever
-    the buffer held: test_kernel_equals_its_float_reference covers 21 rows too.)"""
+    every output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, in
+    products this small, a q8 rest of 6 or more: 10 rows on tiles, 21 = 16 + 5 on the vector path), whether N is
+    a multiple of 16 (the tile path's two column groups) or not, and whether the blocks along K are even or odd
+    (its pipeline takes them in pairs: K 320 and 288). A product of 1 MiB of codes is large: q4 takes the tiles
+    from 8 rows there (7 on the vector path, 8, 13, 29 = 16 + 13 on tiles). (Rows a build left unwritten would
+    hold whatever the buffer held: test_kernel_equals_its_float_reference covers 21 rows too.)"""
     needs, _ = native.VARIANTS[variant]
     if not all(flag in native._cpu_flags() for flag in needs):
         pytest.skip(f"this CPU lacks {', '.join(needs)}")
-    for n in (48, 40):
-        layer = PackedLinear(_linear(n, 320, seed=n), fmt)
-        for rows in (1, 2, 5, 10, 16, 21, 37):
-            x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(rows))
+    small = (1, 2, 5, 10, 16, 21, 37)
+    for n, k, row_counts in ((48, 320, small), (40, 320, small), (48, 288, small), (2048, 1024, (7, 8, 13, 29))):
+        layer = PackedLinear(_linear(n, k, seed=n + k), fmt)
+        for rows in row_counts:
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             ours = _packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant=variant)
             plain = _packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant="avx2")
-            assert torch.equal(ours, plain), (n, rows)
+            assert torch.equal(ours, plain), (n, k, rows)
 
 
 def test_the_build_follows_the_cpu_flags(monkeypatch):
