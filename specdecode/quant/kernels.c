@@ -26,8 +26,8 @@ its end: every unpacked weight vector and product is then alive at once and spil
 /* Where there is a tile path (AMX), the fewest rows it takes. q4 weights need their codes unpacked for the tiles:
 a large q4 product (1 MiB of codes or more, each of Qwen2.5's projections) takes them from 8 rows (whole Qwen2.5
 1.5B passes of 10 / 12 / 14 rows: 86 / 96 / ~110 -> 74 / 81 / 89 ms); a small one (SmolLM2's) from 16 rows: alone,
-one product repeated, the tiles win from 6 rows, but whole SmolLM2 passes of 8-12 rows were 0.3-0.8 ms slower with
-them (the cause not found). q8 weights are copied as they are. A large q8 product is read from memory, and its
+one product repeated, the tiles win from 6 rows, but in whole SmolLM2 passes they were 0.5-1 ms slower at 6-8 rows,
+even at 10-12 and ~0.5 ms ahead at 14 (the cause not found). q8 weights are copied as they are. A large q8 product is read from memory, and its
 tiles' fixed work per block hides under the read from 2 rows (the head of a verify pass: ~12 ms against ~15.5 for 4
 rows of Qwen2.5 1.5B's 151,936 x 1,536 head). A small one comes from cache fast enough that the vector path wins up
 to ~6 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.61 / 0.63 / 0.76 ms at 2 / 3 / 4 rows against 1.03 / 1.04 /
