@@ -30,8 +30,8 @@ one product repeated, the tiles win from 6 rows, but in whole SmolLM2 passes the
 even at 10-12 and ~0.5 ms ahead at 14 (the cause not found). q8 weights are copied as they are. A large q8 product is read from memory, and its
 tiles' fixed work per block hides under the read from 2 rows (the head of a verify pass: ~12 ms against ~15.5 for 4
 rows of Qwen2.5 1.5B's 151,936 x 1,536 head). A small one comes from cache fast enough that the vector path wins up
-to ~6 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.61 / 0.63 / 0.76 ms at 2 / 3 / 4 rows against 1.03 / 1.04 /
-1.05 with tiles, equal at 6, tiles ahead at 8). */
+to 4 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.56 / 0.56 / 0.69 / 0.83 ms at 2 / 3 / 4 / 5 rows against
+0.68 / 0.70 / 0.73 / 0.76 with tiles). */
 #ifndef TILE_MIN_ROWS_Q4
 #define TILE_MIN_ROWS_Q4 8
 #endif
@@ -40,7 +40,7 @@ to ~6 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.61 / 0.63 / 0.76 ms at 2 /
 #ifndef TILE_MIN_ROWS_Q8
 #define TILE_MIN_ROWS_Q8 2
 #endif
-#define TILE_MIN_ROWS_Q8_SMALL 6
+#define TILE_MIN_ROWS_Q8_SMALL 5
 #define TILE_Q8_LARGE ((int64_t)64 << 20) /* weights (bytes of codes) from which a q8 product counts as large */
 #ifndef PREFETCH
 #define PREFETCH 2048 /* bytes ahead of the weights being read */

@@ -32,9 +32,9 @@ _OPENMP_LOADED_BY = torch.__name__  # torch loads its OpenMP runtime, which the 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernels.c", "layers.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma", "f16c")
-# integer dot products with AMX tiles for passes of 16 rows or more and VNNI where the CPU has them (kernels.c:
-# the same sums, so the same bits), else AVX-512 VNNI on 256-bit vectors, else AVX2; in order of preference, the
-# CPU flags each needs and its compiler flags; each variant is its own cached build
+# integer dot products with AMX tiles for passes of a few rows or more (kernels.c: TILE_MIN_ROWS_*) and VNNI
+# where the CPU has them (kernels.c: the same sums, so the same bits), else AVX-512 VNNI on 256-bit vectors, else
+# AVX2; in order of preference, the CPU flags each needs and its compiler flags; each variant is its own cached build
 VARIANTS = {"amx": (("amx_tile", "amx_int8", "avx512f", "avx_vnni"), ("-DTILES", "-mavxvnni")),
             "vnni": (("avx_vnni",), ("-mavxvnni",)),
             "avx512-vnni": (("avx512_vnni", "avx512vl"), ("-mavx512vnni", "-mavx512vl")),
