@@ -37,6 +37,9 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (checked lossless)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step by specdecode drafters")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="specdecode-draft-model / -layer-skip: stop a draft where the draft's top probability "
+                             "falls below this (default: draft all --k tokens)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
                         help="specdecode-draft-model's and hf-assisted-same-draft's draft: int4 / int8 (auto: int4 on the CPU) "
                              "or the target's dtype (hf-assisted always uses the draft as loaded)")
@@ -70,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         out=args.out, prompts=args.prompts, limit=args.limit, categories=_names(args.category), methods=args.methods,
         model=args.model, draft_model=args.draft_model, device=args.device, dtype=args.dtype, weights=args.weights,
         max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, k=args.k, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
+        temperature=args.temperature, k=args.k, confidence=args.confidence, exit_layer=args.exit_layer, draft_weights=args.draft_weights,
         draft_vocab=args.draft_vocab, hf_draft_tokens=args.hf_draft_tokens,
         hf_assistant_schedule=args.hf_assistant_schedule,
         suffix_store=args.suffix_store,

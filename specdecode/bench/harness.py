@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig
+from ..drafters import OPTION_READERS
 from ..models import load_model, model_dtype, parse_dtype
 from ..quant.weights import FLOAT_DTYPES, WEIGHTS, describe as describe_weights
 from . import methods as methods_mod
@@ -42,6 +43,7 @@ class BenchConfig:
     max_new_tokens: int = 128
     temperature: float = 0.0
     k: int = 5
+    confidence: float | None = None  # model drafters stop a draft below this top probability (None: never)
     exit_layer: int | None = None
     hf_draft_tokens: int | None = None
     hf_assistant_schedule: str | None = None  # num_assistant_tokens_schedule of the assisted peers; None: heuristic
@@ -71,6 +73,8 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
     methods_mod.parse_heads(list(config.heads))
     if config.k <= 0 or (config.hf_draft_tokens is not None and config.hf_draft_tokens <= 0):
         raise ConfigError("--k and --hf-draft-tokens must be positive integers")
+    if config.confidence is not None and not 0 < config.confidence < 1:
+        raise ConfigError(f"--confidence must be in (0, 1), got {config.confidence}")
     if config.suffix_store is not None and config.suffix_store <= 0:
         raise ConfigError(f"--suffix-store must be a positive number of tokens, got {config.suffix_store}")
     if config.draft_vocab is not None and config.draft_vocab < 0:
@@ -111,6 +115,7 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
         "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model"}),
         "--suffix-store": (config.suffix_store is not None, {ours + "suffix"}),
         "--draft-vocab": (config.draft_vocab is not None, {ours + "draft-model"}),
+        "--confidence": (config.confidence is not None, {ours + d for d in OPTION_READERS["confidence"]}),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
     for flag, (given, readers) in used.items():
@@ -137,7 +142,8 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
     heads = methods_mod.parse_heads(list(config.heads))
     compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
     options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights,
-                          config.hf_assistant_schedule or "heuristic", config.suffix_store, config.draft_vocab)
+                          config.hf_assistant_schedule or "heuristic", config.suffix_store, config.draft_vocab,
+                          config.confidence or 0.0)
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
     for name, reason in skipped.items():
@@ -157,6 +163,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         "max_new_tokens": config.max_new_tokens,
         "temperature": config.temperature,
         "k": config.k,
+        "confidence": config.confidence,
         "seed": config.seed,
         "prompts": len(questions),
         "prompt_source": config.prompts or BUILTIN_NAME,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from ..drafters import DrafterConfig, build_drafter, registry
+from ..drafters import OPTION_READERS, DrafterConfig, build_drafter, registry
 from ..drafters.draft_model import DraftModel
 from ..drafters.suffix import Suffix
 from ..engine import Engine
@@ -112,6 +112,7 @@ class PeerOptions:
     assistant_schedule: str = "heuristic"  # num_assistant_tokens_schedule of the assisted peers (SCHEDULES)
     suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens (None: its default)
     draft_vocab: int | None = None  # specdecode-draft-model: the draft head's shortlist (None, 0: the whole head)
+    confidence: float = 0.0  # model drafters: stop a draft below this top probability (0: never)
 
     @property
     def prompt_lookup_num_tokens(self) -> int:
@@ -219,7 +220,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             config = DrafterConfig(name=drafter, draft_model=draft, exit_layer=exit_layer,
                                    draft_weights=options.draft_weights, suffix_store=options.suffix_store,
                                    draft_vocab=options.draft_vocab)
-            spec = SpecConfig(k=options.k)
+            spec = SpecConfig(k=options.k, confidence=options.confidence if drafter in OPTION_READERS["confidence"] else 0.0)
             try:
                 engine = Engine(target, build_drafter(target, config, spec), spec, max_batch=1)
                 engine.warmup()  # fast path: compile every step shape before timing
@@ -231,7 +232,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                     raise ConfigError(reason) from error
                 skipped[name] = reason
                 continue
-            params = {"k": options.k, "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (cpu_gemm)
+            params = {"k": options.k, **({"confidence": spec.confidence} if spec.confidence else {}),
+                      "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (cpu_gemm)
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
                       **({"draft_model": draft, "draft_weights": _drafter_weights(options.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}

@@ -401,3 +401,13 @@ def test_llamacpp_peer_runs_the_gguf_and_is_not_compared(tiny_model_dir, monkeyp
            if r["method"] == llamacpp.NAME and r["category"] == "overall"][0]
     assert row["lossless_prompts"] is None and row["bugs"] is None and row["tokens_per_s"] > 0
     assert calls["kwargs"]["temp"] == 0.0 and calls["kwargs"]["top_k"] == 1
+
+
+def test_confidence_reaches_the_model_drafters_only(tiny_model_dir):
+    """--confidence stops a model drafter's draft early (recorded in its params); other drafters are not given it."""
+    bench = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir))
+    names = ["specdecode-layer-skip", "specdecode-prompt-lookup"]
+    skip, lookup = methods_mod.build_methods(bench, names, methods_mod.PeerOptions(confidence=0.6))
+    assert skip.params["confidence"] == 0.6 and "confidence" not in lookup.params
+    plain_skip = methods_mod.build_methods(bench, names[:1], methods_mod.PeerOptions())[0]
+    assert "confidence" not in plain_skip.params

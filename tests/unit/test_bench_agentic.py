@@ -33,6 +33,9 @@ def test_unknown_category_names_the_choices():
     ({"suffix_store": 1000, "methods": "specdecode-prompt-lookup"}, "--suffix-store has no effect"),
     ({"suffix_store": 0, "methods": "specdecode-suffix"}, "--suffix-store must be a positive number"),
     ({"suffix_store": 1000, "methods": "specdecode-suffix"}, None),
+    ({"confidence": 0.6, "methods": "specdecode-suffix"}, "--confidence has no effect"),
+    ({"confidence": 1.0, "methods": "specdecode-layer-skip"}, r"--confidence must be in \(0, 1\)"),
+    ({"confidence": 0.6, "methods": "specdecode-layer-skip"}, None),
 ])
 def test_bench_flags(tmp_path, flags, refused):
     config = BenchConfig(out=str(tmp_path / "out"), model="unused", **flags)
