@@ -27,7 +27,8 @@ its end: every unpacked weight vector and product is then alive at once and spil
 a large q4 product (1 MiB of codes or more, each of Qwen2.5's projections) takes them from 8 rows (whole Qwen2.5
 1.5B passes of 10 / 12 / 14 rows: 86 / 96 / ~110 -> 74 / 81 / 89 ms); a small one (SmolLM2's) from 16 rows: alone,
 one product repeated, the tiles win from 6 rows, but in whole SmolLM2 passes they were 0.5-1 ms slower at 6-8 rows,
-even at 10-12 and ~0.5 ms ahead at 14 (the cause not found). q8 weights are copied as they are. A large q8 product is read from memory, and its
+even at 10-12 and ~0.5 ms ahead at 14 (the cause not found). Past 16 rows a q4 product of any size takes the tiles
+for a rest of 8 rows or more as well (whole SmolLM2 passes of 29 rows: 25.9 -> 24.4-24.7 ms; 24 rows even). q8 weights are copied as they are. A large q8 product is read from memory, and its
 tiles' fixed work per block hides under the read from 2 rows (the head of a verify pass: ~12 ms against ~15.5 for 4
 rows of Qwen2.5 1.5B's 151,936 x 1,536 head). A small one comes from cache fast enough that the vector path wins up
 to 4 rows (SmolLM2's 49,152 x 576 head, min of 60: 0.56 / 0.56 / 0.69 / 0.83 ms at 2 / 3 / 4 / 5 rows against
@@ -371,14 +372,15 @@ static void tile_chunk(const uint8_t *w0, const uint8_t *w1, const uint16_t *d0,
     }
 }
 
-/* The tile path over the first rows of a layer whose N is a multiple of 16: chunks of 16, then the rest if it has
-at least min_rows rows; returns the rows done (0: no tile path here), the caller does the others. */
+/* The tile path over the first rows of a layer whose N is a multiple of 16, if it has at least min_rows rows:
+chunks of 16, then the rest if it has at least min_rest rows; returns the rows done (0: no tile path here), the
+caller does the others. */
 static int64_t amx_rows(const uint8_t *w, int64_t block_bytes, const uint16_t *wd, const uint16_t *wm, int64_t n,
                         int64_t k, const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out,
-                        int64_t out_stride, int64_t threads, int64_t min_rows) {
+                        int64_t out_stride, int64_t threads, int64_t min_rows, int64_t min_rest) {
     const int64_t nb = k / QK, full = rows - rows % TILE_ROWS;
     if (rows < min_rows || n % 16 || !amx_granted()) return 0;
-    if (rows - full < min_rows) rows = full;
+    if (rows - full < min_rest) rows = full;
     const int64_t rest = rows - full;
 #pragma omp parallel num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
     {
@@ -403,8 +405,8 @@ static int64_t amx_rows(const uint8_t *w, int64_t block_bytes, const uint16_t *w
 #else
 static int64_t amx_rows(const uint8_t *w, int64_t block_bytes, const uint16_t *wd, const uint16_t *wm, int64_t n,
                         int64_t k, const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out,
-                        int64_t out_stride, int64_t threads, int64_t min_rows) {
-    (void)min_rows, (void)w, (void)block_bytes, (void)wd, (void)wm, (void)n, (void)k, (void)xq, (void)xd, (void)xs, (void)rows;
+                        int64_t out_stride, int64_t threads, int64_t min_rows, int64_t min_rest) {
+    (void)min_rows, (void)min_rest, (void)w, (void)block_bytes, (void)wd, (void)wm, (void)n, (void)k, (void)xq, (void)xd, (void)xs, (void)rows;
     (void)out, (void)out_stride, (void)threads;
     return 0;
 }
@@ -417,7 +419,8 @@ void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_
     const int64_t nb = k / QK;
     {
         const int64_t done = amx_rows(w, 128, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, threads,
-                                      n * k / 2 >= TILE_Q4_LARGE ? TILE_MIN_ROWS_Q4 : TILE_MIN_ROWS_Q4_SMALL);
+                                      n * k / 2 >= TILE_Q4_LARGE ? TILE_MIN_ROWS_Q4 : TILE_MIN_ROWS_Q4_SMALL,
+                                      TILE_MIN_ROWS_Q4);
         xq += done * k, xd += done * nb, xs += done * nb, out += done * out_stride, rows -= done;
     }
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())
@@ -448,8 +451,9 @@ void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const
                 int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
     {
+        const int64_t least = n * k >= TILE_Q8_LARGE ? TILE_MIN_ROWS_Q8 : TILE_MIN_ROWS_Q8_SMALL;
         const int64_t done = amx_rows((const uint8_t *)w, 256, wd, NULL, n, k, xq, xd, NULL, rows, out, out_stride,
-                                      threads, n * k >= TILE_Q8_LARGE ? TILE_MIN_ROWS_Q8 : TILE_MIN_ROWS_Q8_SMALL);
+                                      threads, least, least);
         xq += done * k, xd += done * nb, out += done * out_stride, rows -= done;
     }
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? (int)threads : omp_get_max_threads())

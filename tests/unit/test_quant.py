@@ -183,7 +183,7 @@ def test_every_kernel_build_gives_the_same_bits(variant, fmt):
     """The VNNI and AMX builds compute the same integer sums as the AVX2 one and scale them in the same order, so
     every output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, in
     products this small, a q8 rest of 5 or more: 10 and 21 = 16 + 5 rows on tiles, 20 = 16 + 4 on the vector
-    path), whether N is
+    path; a q4 rest of 8 or more: 29 = 16 + 13 on tiles), whether N is
     a multiple of 16 (the tile path's two column groups) or not, and whether the blocks along K are even or odd
     (its pipeline takes them in pairs: K 320 and 288). A product of 1 MiB of codes is large: q4 takes the tiles
     from 8 rows there (7 on the vector path, 8, 13, 29 = 16 + 13 on tiles). (Rows a build left unwritten would
@@ -191,7 +191,7 @@ def test_every_kernel_build_gives_the_same_bits(variant, fmt):
     needs, _ = native.VARIANTS[variant]
     if not all(flag in native._cpu_flags() for flag in needs):
         pytest.skip(f"this CPU lacks {', '.join(needs)}")
-    small = (1, 2, 5, 10, 16, 20, 21, 37)
+    small = (1, 2, 5, 10, 16, 20, 21, 29, 37)
     for n, k, row_counts in ((48, 320, small), (40, 320, small), (48, 288, small), (2048, 1024, (7, 8, 13, 29))):
         layer = PackedLinear(_linear(n, k, seed=n + k), fmt)
         for rows in row_counts:
