@@ -216,16 +216,21 @@ class Engine:
         began = time.perf_counter()
         chunk = self._next_chunk(seq, tokens)
         if chunk:
-            block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
-                                self.target.device)
-            out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last", hidden=self.drafter.capabilities.needs_hidden)
-            self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
+            self._prefill_pass(seq, chunk)
         else:
             self._prefilled(seq, 0, None)
         elapsed = time.perf_counter() - began
         seq.metrics.prefill_s += elapsed
         seq.metrics.total_s += elapsed
         return seq.ready
+
+    def _prefill_pass(self, seq: Sequence, chunk: list[int]) -> None:
+        """One target pass over a chunk of seq's prompt alone (its last row's logits only)."""
+        block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
+                            self.target.block_device)
+        out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last",
+                                  hidden=self.drafter.capabilities.needs_hidden)
+        self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
 
     def _next_chunk(self, seq: Sequence, tokens: int | None) -> list[int]:
         if tokens is not None and tokens < 1:
@@ -273,7 +278,10 @@ class Engine:
              draft_len: Callable[[Sequence], int] | None = None) -> list[StepOutcome]:
         """One draft -> verify -> commit over a batch; one outcome per sequence of `seqs`.
         prefill: (prefilling sequence, tokens) pairs whose next chunks ride in the same target pass, a row each
-        (a chunk then costs the step little more than its tokens, not a pass of its own).
+        (a chunk then costs the step little more than its tokens, not a pass of its own), when no wider than the
+        step's widest decode row. A wider one is a pass of its own: riding, it would pad every row of the pass to
+        its length, and padded rows cost what real ones do (40 prompt tokens beside three one-token rows: 160 rows
+        computed for 43).
         draft_len: the speculation length to ask for, per sequence (default: its own policy's, `seq.length.k`);
         a server caps it by load. Either way it is cut to the tokens the sequence may still add.
         A row whose commit fails gets an outcome with `error` and leaves; a failure before any commit (drafting,
@@ -297,6 +305,12 @@ class Engine:
         shaped = [self._shape(seq, draft) for seq, draft in zip(seqs, proposed)]
         drafts = [draft if fit is None else fit.draft for draft, fit in zip(proposed, shaped)]
         drafted = time.perf_counter()
+        if seqs:  # a chunk wider than every decode row is a pass of its own (see the docstring)
+            width = max(1 + len(draft) + len(_aux(draft)) for draft in drafts)
+            for seq, chunk in [(seq, chunk) for seq, chunk in chunks if len(chunk) > width]:
+                self._prefill_pass(seq, chunk)
+                seq.metrics.prefill_s += time.perf_counter() - drafted
+            chunks = [(seq, chunk) for seq, chunk in chunks if len(chunk) <= width]
 
         hidden = self.drafter.capabilities.needs_hidden
         block = build_block(

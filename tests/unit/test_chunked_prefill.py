@@ -59,7 +59,8 @@ def test_chunks_decode_what_one_pass_decodes(tiny_target, tiny_tokenizer, tiny_d
 
 @pytest.mark.parametrize("name", ["prompt-lookup", "eagle", "draft-model"])
 def test_chunks_riding_in_steps_decode_what_one_pass_decodes(tiny_target, tiny_tokenizer, tiny_draft_dir, name):
-    """The server's way: while one sequence decodes, another's prompt rides in its steps, a few tokens each."""
+    """The server's way: while one sequence decodes, another's prompt rides in its steps, a few tokens each; a
+    chunk wider than the step's widest decode row is a pass of its own (both happen here)."""
     prompt, other = long_prompt(tiny_tokenizer), long_prompt(tiny_tokenizer, 40)[5:]
     generation = GenerationConfig(NEW, stop_on_eos=False)
     alone = engine_for(tiny_target, name, tiny_draft_dir)
@@ -68,13 +69,15 @@ def test_chunks_riding_in_steps_decode_what_one_pass_decodes(tiny_target, tiny_t
     engine = engine_for(tiny_target, name, tiny_draft_dir)
     running = engine.start(other, SamplingConfig(), GenerationConfig(400, stop_on_eos=False))
     seq = engine.admit(prompt, SamplingConfig(), generation)
+    alone, pass_alone = [], engine._prefill_pass
+    engine._prefill_pass = lambda seq, chunk: (alone.append(len(chunk)), pass_alone(seq, chunk))
     steps = 0
     while seq.prefilling:
         with pytest.raises(ValueError, match="prefilling"):
             engine.step([running, seq])
-        engine.step([running], prefill=[(seq, 7 + steps % 5)])
+        engine.step([running], prefill=[(seq, 1 + steps % 9)])
         steps += 1
-    assert steps > 50
+    assert steps > 50 and 0 < len(alone) < steps and min(alone) > 1
     while not seq.finished:
         engine.step([running, seq])
     engine.release(seq)
