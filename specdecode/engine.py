@@ -278,10 +278,11 @@ class Engine:
              draft_len: Callable[[Sequence], int] | None = None) -> list[StepOutcome]:
         """One draft -> verify -> commit over a batch; one outcome per sequence of `seqs`.
         prefill: (prefilling sequence, tokens) pairs whose next chunks ride in the same target pass, a row each
-        (a chunk then costs the step little more than its tokens, not a pass of its own), when no wider than the
-        step's widest decode row. A wider one is a pass of its own: riding, it would pad every row of the pass to
-        its length, and padded rows cost what real ones do (40 prompt tokens beside three one-token rows: 160 rows
-        computed for 43).
+        (a chunk then costs the step little more than its tokens, not a pass of its own). On a CPU only a chunk no
+        wider than the step's widest decode row rides; a wider one is a pass of its own: riding, it would pad
+        every row of the pass to its length, and a padded row costs what a real one does there (40 prompt tokens
+        beside three one-token rows: 160 rows computed for 43). A GPU pass of a few rows costs about the same
+        padded or not, and a pass of its own would add a step's fixed cost.
         draft_len: the speculation length to ask for, per sequence (default: its own policy's, `seq.length.k`);
         a server caps it by load. Either way it is cut to the tokens the sequence may still add.
         A row whose commit fails gets an outcome with `error` and leaves; a failure before any commit (drafting,
@@ -305,7 +306,7 @@ class Engine:
         shaped = [self._shape(seq, draft) for seq, draft in zip(seqs, proposed)]
         drafts = [draft if fit is None else fit.draft for draft, fit in zip(proposed, shaped)]
         drafted = time.perf_counter()
-        if seqs:  # a chunk wider than every decode row is a pass of its own (see the docstring)
+        if seqs and self.target.device.type == "cpu":  # a chunk wider than every decode row: its own pass
             width = max(1 + len(draft) + len(_aux(draft)) for draft in drafts)
             for seq, chunk in [(seq, chunk) for seq, chunk in chunks if len(chunk) > width]:
                 self._prefill_pass(seq, chunk)
