@@ -8,9 +8,10 @@ acceptance). New text goes back to the request's asyncio queue on the HTTP event
 
 Chunked prefill: prompts are prefilled a chunk per round, so running streams keep decoding while a long one
 loads, and a cancelled request stops at the next chunk; the prompts with the fewest tokens left go first. A
-chunk no wider than the step's widest decode row rides in its target pass as one more row (`Engine.step(...,
-prefill=)`): a pass of its own would add about a whole step of fixed cost on a small model or a CPU. A wider
-one is a pass of its own: riding, it would pad every decode row to its length. With nothing decoding, a round carries
+chunk rides in the step's target pass as one more row (`Engine.step(..., prefill=)`): a pass of its own would
+add about a whole step of fixed cost on a small model or a CPU. On the CPU only a chunk no wider than the
+step's widest decode row does; a wider one is a pass of its own, since riding it would pad every decode row to
+its length. With nothing decoding, a round carries
 `prefill_chunk` tokens, and so does a round while rows decode when that is all the prompt tokens waiting
 (short prompts join the batch at once). More is a long prompt: it gets `prefill_share` of the decoding time, in
 bursts: a step carries a chunk sized to add about `prefill_burst` plain steps (`_adapt_chunk`, from the measured
