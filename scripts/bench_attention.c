@@ -4,7 +4,8 @@ which is the same for every build of the same arithmetic. The last `rows` slots 
 seeing the earlier ones (a causal chain). To compare two versions of layers.c (docs/design-notes.md, "Native
 decoder layers"):
 
-    git show REV:specdecode/quant/layers.c > /tmp/old_layers.c
+    git show REV:specdecode/quant/layers.c > /tmp/old_layers.c   # REV from the ragged-rows commit on: before it,
+                                                                 # attend took (rows, q_len) for (batch, starts)
     for v in /tmp/old_layers.c specdecode/quant/layers.c; do
       gcc -O3 -mavx2 -mfma -mf16c -fopenmp -DLAYERS="\"$(realpath $v)\"" scripts/bench_attention.c \
           specdecode/quant/kernels.c -o /tmp/attn -lm && /tmp/attn 9 3 64 6 600 200  # heads kv_heads head_dim rows slots reps [layers]
@@ -32,7 +33,7 @@ int main(int argc, char **argv) {
     scratch_t s = {0};
     s.q = filled((size_t)rows * heads * d, 1.0f);
     s.att = malloc(sizeof(float) * rows * heads * d);
-    int64_t cap[1] = {kv + 64};
+    int64_t cap[1] = {kv + 64}, starts[2] = {0, rows};
     uint8_t *mask = malloc((size_t)rows * kv); /* the cache before the pass, then a causal chain of the pass's rows */
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < kv; j++) mask[r * kv + j] = j < kv - rows || j - (kv - rows) <= r;
@@ -41,7 +42,7 @@ int main(int argc, char **argv) {
     double best = 1e9;
     for (int rep = 0; rep < reps; rep++) {
         const double start = omp_get_wtime();
-        for (int l = 0; l < layers; l++) attend(&L, &s, rows, rows, &keys[l], &values[l], cap, mask, kv, 2);
+        for (int l = 0; l < layers; l++) attend(&L, &s, 1, starts, &keys[l], &values[l], cap, mask, kv, 2);
         const double took = omp_get_wtime() - start;
         if (took < best) best = took;
     }

@@ -150,7 +150,7 @@ class Target:
     ) -> ForwardOutput:
         if self._packed is not None and not cache.static:
             out = self._packed.forward(cache, rows, block.input_ids, block.positions, block.slots, block.mask,
-                                       keep_last=keep == "last", num_layers=num_layers)
+                                       keep_last=keep == "last", num_layers=num_layers, lengths=block.lengths)
             return ForwardOutput(out.logits, out.hidden if hidden else None)
         fn, q = self.model, block.input_ids.shape[1]
         if cache.static:

@@ -44,6 +44,7 @@ class Block:
     slots:      [b, q] cache slots written (prefix length + index in block).
     mask:       [b, 1, q, kv_len] bool: prefix slots plus ancestors-or-self inside the block.
     kv_len:     slots read by attention.
+    lengths:    row b's real tokens, the first lengths[b] of its q (the rest is padding); None: all q.
     """
 
     input_ids: torch.Tensor
@@ -52,6 +53,7 @@ class Block:
     mask: torch.Tensor
     kv_len: int
     uniform_start: int | None  # every row writes slots [start, start + q) (fast cache path), else None
+    lengths: tuple[int, ...] | None = None
 
 
 def build_block(
@@ -79,7 +81,7 @@ def build_block(
     same_start = all(p == prefix_lens[0] for p in prefix_lens)
     return Block(
         input_ids.to(device), position_ids.to(device), slot_ids, mask.to(device), kv_len,
-        prefix_lens[0] if same_start else None,
+        prefix_lens[0] if same_start else None, tuple(len(tokens) for tokens in block_tokens),
     )
 
 

@@ -14,6 +14,7 @@ model up to rounding (tests/unit/test_packed_decoder.py)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -158,15 +159,25 @@ class PackedDecoder:
     @torch.inference_mode()
     def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, mask: torch.Tensor, keep_last: bool = False,
-                num_layers: int | None = None) -> DecoderOutput:
+                num_layers: int | None = None, lengths: tuple[int, ...] | None = None) -> DecoderOutput:
         # input_ids, positions, slots: [b, q]; mask: [b, 1, q, kv_len] bool (True = visible)
+        # lengths: row b's real tokens (the first lengths[b]; the rest is padding, not computed); None: all q
         b, q = input_ids.shape
-        rows_total, kv_len = b * q, mask.shape[-1]
-        x = self.embed(input_ids).float().reshape(rows_total, self.hidden).contiguous()  # [R, hidden]
-        cos, sin = self.rope(positions)  # [b, q, head_dim] each
-        slot_list = slots.reshape(-1).to(torch.int64).contiguous()  # [R]
-        visible = mask.reshape(rows_total, kv_len).contiguous().view(torch.uint8)  # [R, kv_len]
-        ends = (slots.max(dim=1).values + 1).tolist()
+        kv_len = mask.shape[-1]
+        lengths = tuple(lengths) if lengths is not None and min(lengths) < q else (q,) * b
+        real = None if min(lengths) == q else torch.cat([torch.arange(i * q, i * q + n) for i, n in enumerate(lengths)])
+        starts = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)  # [b + 1]
+
+        def flat(t: torch.Tensor) -> torch.Tensor:  # [b, q, ...] -> [R, ...], the real rows only
+            t = t.reshape(b * q, *t.shape[2:])
+            return (t if real is None else t[real]).contiguous()
+
+        x = flat(self.embed(input_ids).float())  # [R, hidden]
+        rows_total = x.shape[0]
+        cos, sin = (flat(t) for t in self.rope(positions))  # [R, head_dim] each
+        slot_list = flat(slots.to(torch.int64))  # [R]
+        visible = flat(mask[:, 0]).view(torch.uint8)  # [R, kv_len]
+        ends = [int(slots[i, n - 1]) + 1 for i, n in enumerate(lengths)]
         cache.prepare(rows, slots, kv_len)
         if b == 1:
             ends = [max(ends[0], kv_len)]
@@ -175,7 +186,7 @@ class PackedDecoder:
         layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
         pointers = cache.row_pointers(len(layers), ends, like)  # [layers, 3, b]: keys, values, capacities
         base, row_bytes = pointers.data_ptr(), b * pointers.element_size()
-        shared = (rows_total, q, cos.data_ptr(), sin.data_ptr())
+        shared = (rows_total, b, starts.data_ptr(), cos.data_ptr(), sin.data_ptr())
         after = (slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
         x_at, run = x.data_ptr(), self._lib.decoder_layer
         for index, layer in enumerate(layers):
@@ -184,15 +195,25 @@ class PackedDecoder:
         states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' ~0.3 ms a pass)
         self._lib.rms_norm_rows(x.data_ptr(), self._norm_weight.data_ptr(), self._norm_eps, rows_total, self.hidden,
                                 states.data_ptr())
+        if keep_last:  # each row's last real position
+            logits = self._head(states[starts[1:] - 1], threads)[:, None]  # [b, 1, vocab]
+        else:
+            logits = self._head(states, threads)  # [R, vocab]: the head once per real row
+        if real is not None:  # a padded position gets its row's last real one: read by no one, never garbage
+            index = torch.minimum(starts[:-1, None] + torch.arange(q), starts[1:, None] - 1).reshape(-1)  # [b * q]
+            states = states[index]
+            logits = logits if keep_last else logits[index]
         states = states.reshape(b, q, self.hidden)
-        kept = states[:, -1:] if keep_last else states  # [b, q_kept, hidden]
-        if getattr(self.head, "threaded", False):  # a PackedLinear, or a draft's shortlist of one
-            logits = self.head(kept, threads)
-        else:  # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
-            flat = kept.reshape(-1, self.hidden)
-            logits = torch.stack([self.head(row) for row in flat]).reshape(*kept.shape[:2], -1)
+        logits = logits.reshape(b, -1, logits.shape[-1])
         del keepalive
         return DecoderOutput(logits, states)
+
+    def _head(self, rows: torch.Tensor, threads: int) -> torch.Tensor:
+        """[R, hidden] -> [R, vocab]."""
+        if getattr(self.head, "threaded", False):  # a PackedLinear, or a draft's shortlist of one
+            return self.head(rows, threads)
+        # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
+        return torch.stack([self.head(row) for row in rows])
 
     def _scratch(self, rows: int) -> tuple[_Scratch, list[torch.Tensor]]:
         """Per-pass work buffers: those of a decode or verify pass (up to SCRATCH_ROWS rows) made once and

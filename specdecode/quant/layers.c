@@ -11,9 +11,10 @@ a row attends over exactly the cache slots its mask shows, in slot order, with o
 verify pass of k tokens gives each token the bits a one-token pass gives it, and speculative output equals
 plain decoding of the same model.
 
-Layout: x [R, hidden] is the residual stream (updated in place); rows r = b * q + t for batch row b. Keys and
-values of batch row b live in its own buffers [kv_heads, cap[b], head_dim] (kv_cache.py); row r writes slot
-slot[r] and reads the slots j < kv_len with mask[r * kv_len + j] != 0. */
+Layout: x [R, hidden] is the residual stream (updated in place); batch row b holds rows starts[b] <=
+r < starts[b + 1] (rows need not be the same in number: a pass computes no padding). Keys and values of batch
+row b live in its own buffers [kv_heads, cap[b], head_dim] (kv_cache.py); row r writes slot slot[r] and reads
+the slots j < kv_len with mask[r * kv_len + j] != 0. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -310,36 +311,47 @@ static int64_t unit_shape(int64_t batch, int64_t q_len, int64_t kv_heads, int64_
     }
 }
 
-/* att[r, h, :] for every row and head, unit by unit (unit_shape; dynamic schedule). Against one unit per row and
-head: docs/design-notes.md, "Native decoder layers" (scripts/bench_attention.c). */
-static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t rows, int64_t q_len, float *const *kbase,
-                   float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len, int64_t threads) {
-    const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads, batch = rows / q_len;
-    int64_t rc, hc;
-    const int64_t units = unit_shape(batch, q_len, kv_heads, groups, threads, &rc, &hc);
-    const int64_t rchunks = (q_len + rc - 1) / rc, hchunks = (groups + hc - 1) / hc, queries = rc * hc;
+/* att[r, h, :] for every row and head, unit by unit (unit_shape, from the longest batch row; dynamic schedule).
+Against one unit per row and head: docs/design-notes.md, "Native decoder layers" (scripts/bench_attention.c). */
+static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t batch, const int64_t *starts,
+                   float *const *kbase, float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len,
+                   int64_t threads) {
+    const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads;
+    int64_t longest = 1, rc, hc, units = 0;
+    for (int64_t b = 0; b < batch; b++)
+        longest = starts[b + 1] - starts[b] > longest ? starts[b + 1] - starts[b] : longest;
+    unit_shape(batch, longest, kv_heads, groups, threads, &rc, &hc);
+    const int64_t hchunks = (groups + hc - 1) / hc, queries = rc * hc;
+    for (int64_t b = 0; b < batch; b++) units += kv_heads * ((starts[b + 1] - starts[b] + rc - 1) / rc) * hchunks;
+    int64_t(*unit)[4] = malloc(sizeof(int64_t[4]) * (units > 0 ? units : 1)); /* batch row, kv head, r0, h0 */
+    int64_t u = 0;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t kvh = 0; kvh < kv_heads; kvh++)
+            for (int64_t r0 = starts[b]; r0 < starts[b + 1]; r0 += rc)
+                for (int64_t hi = 0; hi < hchunks; hi++, u++)
+                    unit[u][0] = b, unit[u][1] = kvh, unit[u][2] = r0, unit[u][3] = kvh * groups + hi * hc;
 #pragma omp parallel num_threads((int)threads)
     {
         float *scores = malloc(sizeof(float) * queries * (kv_len > 0 ? kv_len : 1));
         int64_t *used = malloc(sizeof(int64_t) * queries);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; u++) {
-            const int64_t hi = u % hchunks, ri = u / hchunks % rchunks, kvh = u / (hchunks * rchunks) % kv_heads;
-            const int64_t b = u / (hchunks * rchunks * kv_heads);
-            const int64_t r0 = b * q_len + ri * rc, r1 = r0 + rc < (b + 1) * q_len ? r0 + rc : (b + 1) * q_len;
-            const int64_t h0 = kvh * groups + hi * hc, h1 = h0 + hc < (kvh + 1) * groups ? h0 + hc : (kvh + 1) * groups;
+        for (int64_t i = 0; i < units; i++) {
+            const int64_t b = unit[i][0], kvh = unit[i][1], r0 = unit[i][2], h0 = unit[i][3];
+            const int64_t r1 = r0 + rc < starts[b + 1] ? r0 + rc : starts[b + 1];
+            const int64_t h1 = h0 + hc < (kvh + 1) * groups ? h0 + hc : (kvh + 1) * groups;
             const float *keys = kbase[b] + kvh * cap[b] * d, *values = vbase[b] + kvh * cap[b] * d;
             attend_unit(L, s, r0, r1, h0, h1, keys, values, mask, kv_len, scores, used);
         }
         free(scores);
         free(used);
     }
+    free(unit);
 }
 
-/* One layer over R = b * q_len rows on `threads` threads (>= 1); x [R, hidden] updated in place; cos/sin
+/* One layer over R = starts[batch] rows on `threads` threads (>= 1); x [R, hidden] updated in place; cos/sin
 [R, head_dim]. */
-void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t q_len, const float *cos,
-                   const float *sin, float *const *kbase, float *const *vbase, const int64_t *cap,
+void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t batch, const int64_t *starts,
+                   const float *cos, const float *sin, float *const *kbase, float *const *vbase, const int64_t *cap,
                    const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s, int64_t threads) {
     const int64_t H = L->hidden, d = L->head_dim, kvd = L->kv_heads * d;
     /* attention */
@@ -350,14 +362,13 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t q_l
     linear(&L->v, s, rows, s->v, threads);
     rotary(s->q, cos, sin, rows, L->heads, d);
     rotary(s->k, cos, sin, rows, L->kv_heads, d);
-    for (int64_t r = 0; r < rows; r++) { /* write this pass's keys and values before anyone reads them */
-        const int64_t b = r / q_len;
-        for (int64_t kvh = 0; kvh < L->kv_heads; kvh++) {
-            memcpy(kbase[b] + (kvh * cap[b] + slot[r]) * d, s->k + r * kvd + kvh * d, sizeof(float) * d);
-            memcpy(vbase[b] + (kvh * cap[b] + slot[r]) * d, s->v + r * kvd + kvh * d, sizeof(float) * d);
-        }
-    }
-    attend(L, s, rows, q_len, kbase, vbase, cap, mask, kv_len, threads);
+    for (int64_t b = 0; b < batch; b++) /* write this pass's keys and values before anyone reads them */
+        for (int64_t r = starts[b]; r < starts[b + 1]; r++)
+            for (int64_t kvh = 0; kvh < L->kv_heads; kvh++) {
+                memcpy(kbase[b] + (kvh * cap[b] + slot[r]) * d, s->k + r * kvd + kvh * d, sizeof(float) * d);
+                memcpy(vbase[b] + (kvh * cap[b] + slot[r]) * d, s->v + r * kvd + kvh * d, sizeof(float) * d);
+            }
+    attend(L, s, batch, starts, kbase, vbase, cap, mask, kv_len, threads);
     quantize_activations(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);
     linear(&L->o, s, rows, s->out, threads);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];

@@ -121,6 +121,29 @@ def test_batched_rows_of_different_lengths_are_independent():
         assert torch.equal(single[0], batched[row])
 
 
+def test_a_ragged_batch_computes_its_real_rows_only():
+    """A batch of a 1-token step, a 5-node tree and a 3-token chain is padded to 5 tokens a row, but the pass
+    computes its 9 real rows, not 15. Each row's real positions get its single-row logits bit for bit, and a
+    padded position its row's last real one."""
+    target = Target(packed(tiny_llama(), "int4"))
+    prompts = [PROMPT, PROMPT[:4] + [77, 78], PROMPT[2:9]]
+    news, parents = [[9], [3, 4, 5, 6, 7], [11, 12, 13]], [[-1], [-1, 0, 1, 0, 3], [-1, 0, 1]]
+    cache = target.new_cache(rows=3)
+    target.forward(cache, [0, 1, 2], build_block([0] * 3, prompts, [list(range(-1, len(p) - 1)) for p in prompts],
+                                                  target.pad_id, "cpu"))
+    computed, scratch = [], target._packed._scratch
+    target._packed._scratch = lambda rows: (computed.append(rows), scratch(rows))[1]
+    step = build_block([len(p) for p in prompts], news, parents, target.pad_id, "cpu")
+    batched = target.forward(cache, [0, 1, 2], step).logits  # [3, 5, vocab]
+    assert computed == [9] and batched.shape[:2] == (3, 5)
+    for row, (ids, new, tree) in enumerate(zip(prompts, news, parents)):
+        alone, _ = prefill(target, ids)
+        single = target.forward(alone, [0], build_block([len(ids)], [new], [tree], target.pad_id, "cpu")).logits
+        assert torch.equal(single[0], batched[row, : len(new)])
+        for padded in range(len(new), 5):
+            assert torch.equal(batched[row, padded], batched[row, len(new) - 1])
+
+
 def test_layer_skip_runs_the_first_layers_only():
     model = packed(tiny_llama(), "int8")
     ours = prefill(Target(model), PROMPT, hidden=True, num_layers=2)[1]
