@@ -105,11 +105,12 @@ def _build_service(args: argparse.Namespace, api_key: str | None):
                 for name in dict.fromkeys(names)}
     policy = None
     if args.k_policy == "measured":
-        policy = SpecPolicy(builtin_table(target.packed_decoder), max_k=spec.max_k if spec.adaptive else spec.k)
+        policy = SpecPolicy(builtin_table(target.packed_decoder), max_k=spec.max_k if spec.adaptive else spec.k,
+                            ragged=target.packed_decoder)
     elif args.k_policy == "calibrate":
         table = calibrate(target, batches=_powers(args.max_batch))
         print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
-        policy = SpecPolicy(table, max_k=spec.max_k if spec.adaptive else spec.k)
+        policy = SpecPolicy(table, max_k=spec.max_k if spec.adaptive else spec.k, ragged=target.packed_decoder)
     name = args.served_model_name or loaded.name
     kv_bytes = args.kv_cache_memory or default_kv_memory(args.device)
     server = ServerConfig(name, args.max_batch, args.max_queue, args.default_max_tokens, api_key=api_key,

@@ -9,6 +9,9 @@ tokens per second over the batch (rows draft min(K, their own K)):
     E_i(K) = 1 + p_i * (a_i + a_i^2 + ... + a_i^K)     (rows that do not speculate: E_i = 1)
     P = 1 - prod_i (1 - p_i)                          (the block is padded to its longest draft)
 
+A target that computes no padding (the native decoder) pays for the rows it drafts, not for the padded block:
+its pass costs cost(b, 1 + sum_i p_i * min(K, K_i) / b), the table at the mean tokens per row.
+
 where a_i is row i's per-token acceptance probability (accepted / tried draft tokens) and p_i the fraction of
 its steps whose drafter proposed anything (prompt lookup often finds nothing, and then costs nothing). K = 0 is
 plain decoding. A row's estimates are shrunk towards its drafter's pooled estimate over recent rows, which is
@@ -115,6 +118,7 @@ class SpecPolicy:
     memory: float = 0.9  # per-step decay of a row's evidence (about the last 10 steps count)
     pooled_memory: float = 0.98  # per-step decay of a drafter's evidence pooled over its rows
     min_gain: float = 1.02  # a longer K must beat the best so far by this factor (table noise must not flip K)
+    ragged: bool = False  # the target computes no padding (the native decoder): see choose_k
 
     def expected_tokens(self, row: RowEstimate, k: int) -> float:
         k = min(k, row.max_k)
@@ -130,7 +134,11 @@ class SpecPolicy:
         best_k, best = 0, batch / plain_cost
         for k in range(1, min(self.max_k, longest) + 1):
             tokens = batch - len(rows) + sum(self.expected_tokens(row, k) for row in rows)
-            cost = any_draft * self.table.cost(batch, 1 + k) + (1 - any_draft) * plain_cost + draft_ms_per_k * k
+            if self.ragged:  # a pass costs its rows: the table's at the mean tokens per row
+                drafted = sum(row.p_draft * min(k, row.max_k) for row in rows)
+                cost = self.table.cost(batch, 1 + drafted / batch) + draft_ms_per_k * k
+            else:
+                cost = any_draft * self.table.cost(batch, 1 + k) + (1 - any_draft) * plain_cost + draft_ms_per_k * k
             if tokens / cost > best * self.min_gain:
                 best_k, best = k, tokens / cost
         return best_k
