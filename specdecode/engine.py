@@ -227,7 +227,7 @@ class Engine:
     def _prefill_pass(self, seq: Sequence, chunk: list[int]) -> None:
         """One target pass over a chunk of seq's prompt alone (its last row's logits only)."""
         block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
-                            self.target.block_device)
+                            self.target.device)
         out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last",
                                   hidden=self.drafter.capabilities.needs_hidden)
         self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
