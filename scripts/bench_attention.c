@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
     double best = 1e9;
     for (int rep = 0; rep < reps; rep++) {
         const double start = omp_get_wtime();
-        for (int l = 0; l < layers; l++) attend(&L, &s, 1, starts, &keys[l], &values[l], cap, mask, kv, 2);
+        for (int l = 0; l < layers; l++) attend(&L, &s, 1, starts, (void *const *)&keys[l], (void *const *)&values[l], cap, mask, kv, 2);
         const double took = omp_get_wtime() - start;
         if (took < best) best = took;
     }

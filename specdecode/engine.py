@@ -147,7 +147,7 @@ class Engine:
 
     def kv_bytes(self, prompt_len: int, generation: GenerationConfig) -> int:
         """Bytes of the target's KV cache that a sequence may use (what a server budgets at admission)."""
-        per_slot = kv_bytes_per_slot(self.target.config, self.target.num_layers, self.target.dtype)
+        per_slot = kv_bytes_per_slot(self.target.config, self.target.num_layers, self.target.kv_dtype)
         return self.kv_slots(prompt_len, generation) * per_slot
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:

@@ -77,10 +77,11 @@ class Target:
     skinny_gemm: compute linear layers as W @ X^T in our passes, compiled ones too (cpu_gemm); None = measure
     on this machine and use it where it is faster (CPU only).
     packed_decoder: run a packed (int4/int8/gguf) Llama-family model's decoder layers natively, one call a
-    layer (quant/decoder.py), on the dynamic cache; None = wherever it can run, False = the model's own forward."""
+    layer (quant/decoder.py), on the dynamic cache; None = wherever it can run, False = the model's own forward.
+    kv_half: the native decoder's cache holds fp16 keys and values (False: fp32, as the model's own forward)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None,
-                 skinny_gemm: bool | None = None, packed_decoder: bool | None = None):
+                 skinny_gemm: bool | None = None, packed_decoder: bool | None = None, kv_half: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.fast = fast or FastPathConfig()
@@ -110,13 +111,19 @@ class Target:
         native = packed_decoder is not False and self.device.type == "cpu" and packed_decoder_unsupported(model) is None
         if packed_decoder and not native:
             raise ValueError(f"packed decoder unavailable: {packed_decoder_unsupported(model) or 'not on the CPU'}")
-        self._packed = PackedDecoder(model) if native else None
+        self._packed = PackedDecoder(model, kv_half) if native else None
 
     @property
     def block_device(self) -> torch.device:
         """Where the engine builds its blocks: on the CPU for the fast path, which pads them there and copies
         each tensor to the device once (a dozen small device ops per step cost more host time on CUDA)."""
         return torch.device("cpu") if self.fast.enabled else self.device
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What the KV cache holds: fp16 under the native decoder (unless kv_half=False), else the model's dtype
+        (the fast path's static cache runs the model's own forward)."""
+        return self._packed.kv_dtype if self._packed is not None and not self.fast.enabled else self.dtype
 
     @property
     def packed_decoder(self) -> bool:

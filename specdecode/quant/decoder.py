@@ -37,7 +37,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [*((name, _QLinear) for name in _PROJECTIONS), ("norm_in", ctypes.c_void_p),
                 ("norm_post", ctypes.c_void_p), ("eps", ctypes.c_float), ("heads", ctypes.c_int64),
                 ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("hidden", ctypes.c_int64),
-                ("inter", ctypes.c_int64)]
+                ("inter", ctypes.c_int64), ("kv_half", ctypes.c_int64)]
 
 
 class _Scratch(ctypes.Structure):
@@ -122,10 +122,13 @@ class DecoderOutput:
 class PackedDecoder:
     """The decoder of a packed Llama-family model, over a dynamic RollbackCache (see the module docstring)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, kv_half: bool = True):
+        """kv_half: keep the cache's keys and values in fp16 (half the bytes a pass reads from it; a batched or
+        long-context pass is bound by that read), else fp32."""
         reason = unsupported(model)
         if reason:
             raise ValueError(f"packed decoder unavailable: {reason}")
+        self.kv_dtype = torch.float16 if kv_half else torch.float32
         self.model, inner, config = model, model.model, model.config
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
         self.head = model.get_output_embeddings()
@@ -154,7 +157,7 @@ class PackedDecoder:
         eps = getattr(layer.input_layernorm, "variance_epsilon", None) or config.rms_norm_eps
         return _Layer(**projections, norm_in=norms[0].data_ptr(), norm_post=norms[1].data_ptr(), eps=eps,
                       heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, hidden=self.hidden,
-                      inter=self.inter)
+                      inter=self.inter, kv_half=int(self.kv_dtype == torch.float16))
 
     @torch.inference_mode()
     def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
@@ -182,7 +185,7 @@ class PackedDecoder:
         if b == 1:
             ends = [max(ends[0], kv_len)]
         scratch, keepalive = self._scratch(rows_total)
-        like = x.new_empty(1, self.kv_heads, 0, self.head_dim)
+        like = x.new_empty(1, self.kv_heads, 0, self.head_dim, dtype=self.kv_dtype)
         layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
         pointers = cache.row_pointers(len(layers), ends, like)  # [layers, 3, b]: keys, values, capacities
         base, row_bytes = pointers.data_ptr(), b * pointers.element_size()

@@ -13,7 +13,8 @@ plain decoding of the same model.
 
 Layout: x [R, hidden] is the residual stream (updated in place); batch row b holds rows starts[b] <=
 r < starts[b + 1] (rows need not be the same in number: a pass computes no padding). Keys and values of batch
-row b live in its own buffers [kv_heads, cap[b], head_dim] (kv_cache.py); row r writes slot slot[r] and reads
+row b live in its own buffers [kv_heads, cap[b], head_dim] (kv_cache.py), fp16 where L->kv_half (rounded to
+nearest when written, read back into fp32 arithmetic), else fp32; row r writes slot slot[r] and reads
 the slots j < kv_len with mask[r * kv_len + j] != 0. */
 #include <immintrin.h>
 #include <math.h>
@@ -40,6 +41,7 @@ typedef struct {
     const float *norm_in, *norm_post; /* [hidden] */
     float eps;
     int64_t heads, kv_heads, head_dim, hidden, inter;
+    int64_t kv_half; /* 1: the cache holds keys and values as fp16 (written rounded to nearest), else fp32 */
 } decoder_layer_t;
 
 typedef struct { /* per-pass scratch, sized by the caller for R rows */
@@ -94,15 +96,40 @@ static void rotary(float *x, const float *cos, const float *sin, int64_t rows, i
         }
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* 8 cache elements from element i of a row of keys or values, as fp32 (half: the cache holds fp16) */
+static inline __m256 cache8(const void *p, int64_t i, const int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+                : _mm256_loadu_ps((const float *)p + i);
+}
+
+static inline float cache1(const void *p, int64_t i, const int half) {
+    return half ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* cache[at : at + n] = x[:n], rounded to the nearest fp16 where half */
+static void store_cache(void *cache, int64_t at, const float *x, int64_t n, int64_t half) {
+    if (!half) {
+        memcpy((float *)cache + at, x, sizeof(float) * n);
+        return;
+    }
+    uint16_t *out = (uint16_t *)cache + at;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* dot(a, cache[b0 : b0 + n]) */
+static inline __attribute__((always_inline)) float dot(const float *a, const void *b, int64_t b0, int64_t n,
+                                                       const int half) {
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), cache8(b, b0 + i, half), acc);
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     float total = _mm_cvtss_f32(s);
-    for (; i < n; i++) total += a[i] * b[i];
+    for (; i < n; i++) total += a[i] * cache1(b, b0 + i, half);
     return total;
 }
 
@@ -122,12 +149,13 @@ static inline void hsum8(const __m256 *a, float *out) {
 
 /* dot(q, keys[j]) for 8 consecutive keys [8, d] into out[0..7], each summed exactly as dot() sums it (for d a
 multiple of 8): eight independent accumulator chains, so a key costs its multiply-adds rather than their latency */
-static inline void dot8(const float *q, const float *keys, int64_t d, float *out) {
+static inline __attribute__((always_inline)) void dot8(const float *q, const void *keys, int64_t k0, int64_t d,
+                                                       float *out, const int half) {
     __m256 acc[8];
     for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
         const __m256 x = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys + j * d + i), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, cache8(keys, k0 + j * d + i, half), acc[j]);
     }
     hsum8(acc, out);
 }
@@ -179,25 +207,26 @@ static float exp_shifted(float *scores, int64_t n, float best) {
 
 /* out[:d] = fma(p[t], values[t, :d], out[:d]) for t < count, t in order: one element's arithmetic is the same
 whatever the count (64 columns per register block: eight independent chains) */
-static inline void add_values(float *out, const float *p, const float *values, int64_t count, int64_t d) {
+static inline __attribute__((always_inline)) void add_values(float *out, const float *p, const void *values,
+                                                             int64_t v0, int64_t count, int64_t d, const int half) {
     int64_t e = 0;
     for (; e + 64 <= d; e += 64) {
         __m256 a[8];
         for (int j = 0; j < 8; j++) a[j] = _mm256_loadu_ps(out + e + 8 * j);
         for (int64_t t = 0; t < count; t++) {
             const __m256 w = _mm256_set1_ps(p[t]);
-            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + t * d + e + 8 * j), a[j]);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(w, cache8(values, v0 + t * d + e + 8 * j, half), a[j]);
         }
         for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + e + 8 * j, a[j]);
     }
     for (; e + 8 <= d; e += 8) {
         __m256 a = _mm256_loadu_ps(out + e);
         for (int64_t t = 0; t < count; t++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(values + t * d + e), a);
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), cache8(values, v0 + t * d + e, half), a);
         _mm256_storeu_ps(out + e, a);
     }
     for (; e < d; e++)
-        for (int64_t t = 0; t < count; t++) out[e] = fmaf(p[t], values[t * d + e], out[e]);
+        for (int64_t t = 0; t < count; t++) out[e] = fmaf(p[t], cache1(values, v0 + t * d + e, half), out[e]);
 }
 
 /* g[i] = silu(g[i]) * u[i] = g / (1 + e^-g) * u over R rows of n (a multiple of 32: down_proj's packed input),
@@ -225,10 +254,12 @@ static inline int sees8(const uint8_t *visible) { /* all of 8 mask bytes (0 or 1
 over the visible slots j) @ V_j. The cache is swept 8 slots at a time and each slice of keys, then of values, is
 used by all the unit's queries while it is in L1 (a query alone would read the whole cache from L2). A query's
 scores are in slot order and each is dot()'s sum, its softmax is one pass over them, and each output element is
-accumulated in slot order: the same bits whatever else is in the unit. scores [queries, kv_len], used [queries]. */
-static void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0, int64_t r1, int64_t h0, int64_t h1,
-                        const float *keys, const float *values, const uint8_t *mask, int64_t kv_len, float *scores,
-                        int64_t *used) {
+accumulated in slot order: the same bits whatever else is in the unit. scores [queries, kv_len], used [queries].
+keys, values: the kv head's [cap, d] elements, fp16 where half, else fp32. */
+static inline __attribute__((always_inline)) void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0,
+                                                              int64_t r1, int64_t h0, int64_t h1, const void *keys,
+                                                              const void *values, const uint8_t *mask, int64_t kv_len,
+                                                              float *scores, int64_t *used, const int half) {
     const int64_t heads = L->heads, d = L->head_dim, nh = h1 - h0, queries = (r1 - r0) * nh;
     const float scale = 1.0f / sqrtf((float)d);
     for (int64_t i = 0; i < queries; i++) used[i] = 0;
@@ -242,11 +273,11 @@ static void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0
                 const float *query = s->q + (r * heads + hh) * d;
                 float *score = scores + i * kv_len;
                 if (whole) {
-                    dot8(query, keys + j * d, d, score + used[i]);
+                    dot8(query, keys, j * d, d, score + used[i], half);
                     used[i] += 8;
                 } else {
                     for (int64_t t = 0; t < width; t++)
-                        if (visible[t]) score[used[i]++] = dot(query, keys + (j + t) * d, d);
+                        if (visible[t]) score[used[i]++] = dot(query, keys, (j + t) * d, d, half);
                 }
             }
         }
@@ -275,11 +306,11 @@ static void attend_unit(const decoder_layer_t *L, const scratch_t *s, int64_t r0
                 float *out = s->att + (r * heads + hh) * d;
                 const float *p = scores + i * kv_len;
                 if (whole) {
-                    add_values(out, p + used[i], values + j * d, 8, d);
+                    add_values(out, p + used[i], values, j * d, 8, d, half);
                     used[i] += 8;
                 } else {
                     for (int64_t t = 0; t < width; t++)
-                        if (visible[t]) add_values(out, p + used[i]++, values + (j + t) * d, 1, d);
+                        if (visible[t]) add_values(out, p + used[i]++, values, (j + t) * d, 1, d, half);
                 }
             }
         }
@@ -314,7 +345,7 @@ static int64_t unit_shape(int64_t batch, int64_t q_len, int64_t kv_heads, int64_
 /* att[r, h, :] for every row and head, unit by unit (unit_shape, from the longest batch row; dynamic schedule).
 Against one unit per row and head: docs/design-notes.md, "Native decoder layers" (scripts/bench_attention.c). */
 static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t batch, const int64_t *starts,
-                   float *const *kbase, float *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len,
+                   void *const *kbase, void *const *vbase, const int64_t *cap, const uint8_t *mask, int64_t kv_len,
                    int64_t threads) {
     const int64_t d = L->head_dim, kv_heads = L->kv_heads, groups = L->heads / L->kv_heads;
     int64_t longest = 1, rc, hc, units = 0;
@@ -339,8 +370,13 @@ static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t batch, 
             const int64_t b = unit[i][0], kvh = unit[i][1], r0 = unit[i][2], h0 = unit[i][3];
             const int64_t r1 = r0 + rc < starts[b + 1] ? r0 + rc : starts[b + 1];
             const int64_t h1 = h0 + hc < (kvh + 1) * groups ? h0 + hc : (kvh + 1) * groups;
-            const float *keys = kbase[b] + kvh * cap[b] * d, *values = vbase[b] + kvh * cap[b] * d;
-            attend_unit(L, s, r0, r1, h0, h1, keys, values, mask, kv_len, scores, used);
+            const int64_t at = kvh * cap[b] * d; /* the kv head's first element in row b's buffers */
+            if (L->kv_half)
+                attend_unit(L, s, r0, r1, h0, h1, (const uint16_t *)kbase[b] + at, (const uint16_t *)vbase[b] + at,
+                            mask, kv_len, scores, used, 1);
+            else
+                attend_unit(L, s, r0, r1, h0, h1, (const float *)kbase[b] + at, (const float *)vbase[b] + at, mask,
+                            kv_len, scores, used, 0);
         }
         free(scores);
         free(used);
@@ -351,7 +387,7 @@ static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t batch, 
 /* One layer over R = starts[batch] rows on `threads` threads (>= 1); x [R, hidden] updated in place; cos/sin
 [R, head_dim]. */
 void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t batch, const int64_t *starts,
-                   const float *cos, const float *sin, float *const *kbase, float *const *vbase, const int64_t *cap,
+                   const float *cos, const float *sin, void *const *kbase, void *const *vbase, const int64_t *cap,
                    const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s, int64_t threads) {
     const int64_t H = L->hidden, d = L->head_dim, kvd = L->kv_heads * d;
     /* attention */
@@ -365,8 +401,9 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
     for (int64_t b = 0; b < batch; b++) /* write this pass's keys and values before anyone reads them */
         for (int64_t r = starts[b]; r < starts[b + 1]; r++)
             for (int64_t kvh = 0; kvh < L->kv_heads; kvh++) {
-                memcpy(kbase[b] + (kvh * cap[b] + slot[r]) * d, s->k + r * kvd + kvh * d, sizeof(float) * d);
-                memcpy(vbase[b] + (kvh * cap[b] + slot[r]) * d, s->v + r * kvd + kvh * d, sizeof(float) * d);
+                const int64_t at = (kvh * cap[b] + slot[r]) * d;
+                store_cache(kbase[b], at, s->k + r * kvd + kvh * d, d, L->kv_half);
+                store_cache(vbase[b], at, s->v + r * kvd + kvh * d, d, L->kv_half);
             }
     attend(L, s, batch, starts, kbase, vbase, cap, mask, kv_len, threads);
     quantize_activations(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);

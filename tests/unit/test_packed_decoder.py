@@ -60,11 +60,11 @@ def prefill(target: Target, ids: list[int], **kwargs):
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("arch", list(MODELS))
 def test_a_layer_matches_transformers(arch, fmt):
-    """One layer (and every layer, then the head) against the model's own forward over the same packed modules:
-    the only differences are float summation orders, which int8 activation codes can round apart in later
-    layers, so the whole model is held to a looser bound than one layer."""
+    """One layer (and every layer, then the head) against the model's own forward over the same packed modules,
+    both with an fp32 cache: the only differences are float summation orders, which int8 activation codes can
+    round apart in later layers, so the whole model is held to a looser bound than one layer."""
     model = packed(MODELS[arch](), fmt)
-    native_target, own = Target(model), Target(model, packed_decoder=False)
+    native_target, own = Target(model, kv_half=False), Target(model, packed_decoder=False)
     assert native_target.packed_decoder and not own.packed_decoder
     for layers, typical, most in ((1, 1e-5, 5e-3), (None, 0.05, 0.1)):
         _, ours = prefill(native_target, PROMPT, hidden=True, num_layers=layers)
@@ -74,6 +74,26 @@ def test_a_layer_matches_transformers(arch, fmt):
         assert apart.max() <= most * scale  # ... and now and then a flipped int8 activation code
         assert ours.logits.shape == theirs.logits.shape
     assert (ours.logits.argmax(-1) == theirs.logits.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_an_fp16_cache_is_the_fp32_one_rounded(arch):
+    """The default cache holds keys and values in fp16: exactly the fp32 cache's values rounded to nearest, and
+    the model's next tokens mostly those of the fp32 cache (these tiny random models have large activations,
+    which fp16 rounds coarsely: about 2e-3 of the largest state apart after one layer)."""
+    model = packed(MODELS[arch](), "int4")
+    half, full = Target(model), Target(model, kv_half=False)
+    assert half.kv_dtype == torch.float16 and full.kv_dtype == torch.float32
+    (half_cache, ours), (full_cache, theirs) = (prefill(t, PROMPT, hidden=True, num_layers=1) for t in (half, full))
+    (k16, v16), (k32, v32) = (c.layers[0].row(0) for c in (half_cache, full_cache))  # [kv_heads, capacity, d]
+    n = len(PROMPT)
+    assert k16.dtype == torch.float16 and torch.equal(k16[:, :n], k32[:, :n].half())
+    assert torch.equal(v16[:, :n], v32[:, :n].half())
+    apart, scale = (ours.hidden - theirs.hidden).abs(), theirs.hidden.abs().max()
+    assert 0 < apart.median() <= 5e-3 * scale
+    _, ours = prefill(half, PROMPT)
+    _, theirs = prefill(full, PROMPT)
+    assert (ours.logits.argmax(-1) == theirs.logits.argmax(-1)).float().mean() >= 0.8
 
 
 TREES = {"6 nodes": ([11, 12, 13, 14, 15, 16], [-1, 0, 1, 0, 3, 1]),  # two branches off node 0, one off node 1
