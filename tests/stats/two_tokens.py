@@ -10,6 +10,7 @@ from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.engine import Engine
 from specdecode.sampling import probabilities
 from specdecode.target import Target
+from specdecode.trees import build_block
 from tests.tiny import tiny_llama
 
 VOCAB = 12
@@ -24,11 +25,22 @@ def tiny_target() -> Target:
 def exact_pairs(target: Target, sampling: SamplingConfig = SAMPLING) -> dict[tuple[int, int], float]:
     """P(t1, t2 | PROMPT) under the target with the sampling transform."""
     with torch.no_grad():
-        first = probabilities(target.model(torch.tensor([PROMPT])).logits[0, -1], sampling)  # [V]
-        second = probabilities(target.model(torch.tensor([PROMPT + [t] for t in range(VOCAB)])).logits[:, -1],
-                               sampling)  # [V, V]
+        first = probabilities(last_logits(target, [PROMPT])[0], sampling)  # [V]
+        second = probabilities(last_logits(target, [PROMPT + [t] for t in range(VOCAB)]), sampling)  # [V, V]
     return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)
             if first[a] * second[a, b] > 0}
+
+
+def last_logits(target: Target, prompts: list[list[int]]) -> torch.Tensor:
+    """[len(prompts), V]: the next-token logits after each prompt, as the target decodes: its native decoder
+    where it has one (its own arithmetic, an fp16 cache included), else the model's forward."""
+    if not target.packed_decoder:
+        return target.model(torch.tensor(prompts)).logits[:, -1]
+    rows = []
+    for ids in prompts:
+        block = build_block([0], [ids], [list(range(-1, len(ids) - 1))], target.pad_id, "cpu")
+        rows.append(target.forward(target.new_cache(), [0], block, keep="last").logits[0, -1])
+    return torch.stack(rows)
 
 
 def sample_pairs(engine: Engine, samples: int, sampling: SamplingConfig = SAMPLING) -> list[tuple[int, int]]:
