@@ -34,9 +34,11 @@ class SpecDecoder:
              draft_weights: str = "auto", draft_vocab: int | None = None, exit_layer: int | None = None,
              lookahead: tuple[int, int, int] | None = None, suffix_store: int | None = None,
              spec: SpecConfig | None = None, device: str = "cpu", dtype: str | None = None, weights: str = "auto",
-             max_batch: int = 1, fast: FastPathConfig | None = None) -> "SpecDecoder":
+             max_batch: int = 1, fast: FastPathConfig | None = None, kv_half: bool = False) -> "SpecDecoder":
         spec = spec if spec is not None else SpecConfig()
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
+        if not isinstance(kv_half, bool):
+            raise ConfigError(f"kv_half must be True or False, got {kv_half!r}")
         if suffix_store is not None and (isinstance(suffix_store, bool) or not isinstance(suffix_store, int)
                                          or suffix_store < 1):
             raise ConfigError(f"suffix_store must be a positive number of tokens or None, got {suffix_store!r}")
@@ -59,7 +61,7 @@ class SpecDecoder:
 
         def build() -> Engine:
             loaded = load_model(model, device=device, dtype=dtype, weights=weights)
-            target = Target(loaded.model, loaded.tokenizer, fast)
+            target = Target(loaded.model, loaded.tokenizer, fast, kv_half=kv_half)
             engine = Engine(target, build_drafter(target, drafter_config, spec), spec, max_batch=max_batch)
             engine.warmup()
             return engine

@@ -39,7 +39,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                draft_vocab=args.draft_vocab, exit_layer=args.exit_layer, lookahead=args.lookahead, suffix_store=args.suffix_store,
                                spec=spec_config(args),
                                device=args.device, dtype=default_dtype(args), weights=args.weights,
-                               fast=fast_config(args))
+                               fast=fast_config(args), kv_half=args.kv_cache_dtype == "fp16")
     pieces, logged, seq = [], [], None
     for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
         pieces.append(chunk.text)

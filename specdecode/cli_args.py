@@ -59,6 +59,10 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                              "head in 8 bits, int4-all does not), gguf (the GGUF's "
                              "own bit widths), fp32 / bf16, same (in --dtype) or auto (the model's own on the "
                              "device: int4 for the Qwen pair on the CPU, else same)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp16"),
+                        help="the KV cache: auto keeps the model's dtype (fp32 on the CPU, as transformers' forward); "
+                             "fp16 halves what a batched or long-context pass reads from it (packed models on the "
+                             "CPU, whose native decoder rounds keys and values to fp16)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="fast path: static cache + torch.compile (CUDA graphs); default on for cuda, off on cpu")
 

@@ -10,6 +10,7 @@ from typing import Iterator
 import torch
 
 from .attention import ROWS_NAME, per_row_attention_applies, using_grouped_attention
+from .config import ConfigError
 from .cpu_gemm import SkinnyLinears, helps
 from .fast import FastPathConfig, bucket_for, pad_block, raise_recompile_limits
 from .kv_cache import RollbackCache
@@ -78,10 +79,10 @@ class Target:
     on this machine and use it where it is faster (CPU only).
     packed_decoder: run a packed (int4/int8/gguf) Llama-family model's decoder layers natively, one call a
     layer (quant/decoder.py), on the dynamic cache; None = wherever it can run, False = the model's own forward.
-    kv_half: the native decoder's cache holds fp16 keys and values (False: fp32, as the model's own forward)."""
+    kv_half: the native decoder's cache holds fp16 keys and values (default: fp32, as the model's own forward)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, fast: FastPathConfig | None = None,
-                 skinny_gemm: bool | None = None, packed_decoder: bool | None = None, kv_half: bool = True):
+                 skinny_gemm: bool | None = None, packed_decoder: bool | None = None, kv_half: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.fast = fast or FastPathConfig()
@@ -111,6 +112,10 @@ class Target:
         native = packed_decoder is not False and self.device.type == "cpu" and packed_decoder_unsupported(model) is None
         if packed_decoder and not native:
             raise ValueError(f"packed decoder unavailable: {packed_decoder_unsupported(model) or 'not on the CPU'}")
+        if kv_half and not native:
+            why = packed_decoder_unsupported(model) or ("off" if packed_decoder is False else "not on the CPU")
+            raise ConfigError(f"an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): "
+                              f"{why}")
         self._packed = PackedDecoder(model, kv_half) if native else None
 
     @property
@@ -121,7 +126,7 @@ class Target:
 
     @property
     def kv_dtype(self) -> torch.dtype:
-        """What the KV cache holds: fp16 under the native decoder (unless kv_half=False), else the model's dtype
+        """What the KV cache holds: fp16 under the native decoder with kv_half, else the model's dtype
         (the fast path's static cache runs the model's own forward)."""
         return self._packed.kv_dtype if self._packed is not None and not self.fast.enabled else self.dtype
 

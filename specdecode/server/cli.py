@@ -100,7 +100,7 @@ def _build_service(args: argparse.Namespace, api_key: str | None):
             raise ConfigError("--device cuda requested but no CUDA device is available")
     loaded = load_model(args.model, device=args.device, dtype=default_dtype(args), weights=args.weights)
     fast = fast_config(args)  # --compile: graphs are compiled per (batch size, block bucket) as they first occur
-    target = Target(loaded.model, loaded.tokenizer, fast)
+    target = Target(loaded.model, loaded.tokenizer, fast, kv_half=args.kv_cache_dtype == "fp16")
     drafters = {name: build_drafter(target, _drafter_config(args, name), spec)
                 for name in dict.fromkeys(names)}
     policy = None

@@ -60,6 +60,7 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
      "--draft-vocab has no effect on the chosen methods"),
     (["bench", "--draft-vocab", "-2", "--out", "/tmp/specdecode-cli-test-unused"], "--draft-vocab must be 0"),
     (["generate", "--weights", "int3", "hi"], "invalid choice"),
+    (["generate", "--weights", "fp32", "--kv-cache-dtype", "fp16", "hi"], "an fp16 KV cache needs the native decoder"),
     (["bench", "--weights", "fp8"], "invalid choice"),
     (["generate", "--drafter", "eagle", "--confidence", "0.5", "hi"], "--confidence has no effect"),
     (["generate", "--max-k", "8", "hi"], "--max-k has no effect without --adaptive"),

@@ -129,15 +129,15 @@ def test_int4_verify_pass_reproduces_one_token_logits(int4_model):
 
 
 def test_int4_packed_decoder_is_the_model_and_verifies_exactly(int4_model):
-    """The native decoder layers (quant/decoder.py) on the real int4 model: with an fp32 cache its first layer
-    matches transformers' to float rounding and its greedy choices over a prompt match; with the default fp16
-    cache too, to 90 %; and a 5-token pass reproduces one-token passes bit for bit. Within one layer the two
-    differ only where a float rounding flips an int8 activation code."""
+    """The native decoder layers (quant/decoder.py) on the real int4 model: with its fp32 cache its first layer
+    matches transformers' to float rounding and its greedy choices over a prompt match; with an fp16 cache
+    (kv_half) too, to 90 %; and a 5-token pass reproduces one-token passes bit for bit with it. Within one layer
+    the two differ only where a float rounding flips an int8 activation code."""
     from specdecode.target import Target
     from specdecode.trees import build_block
 
-    native_target = Target(int4_model.model, int4_model.tokenizer, kv_half=False)
-    half_target = Target(int4_model.model, int4_model.tokenizer)
+    native_target = Target(int4_model.model, int4_model.tokenizer)
+    half_target = Target(int4_model.model, int4_model.tokenizer, kv_half=True)
     own = Target(int4_model.model, int4_model.tokenizer, packed_decoder=False)
     assert native_target.packed_decoder
     ids = torch.randint(100, 2000, (60,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -155,7 +155,7 @@ def test_int4_packed_decoder_is_the_model_and_verifies_exactly(int4_model):
     for target in (native_target, half_target):
         ours = run(target, ids)[1]
         assert (ours.logits.argmax(-1) == theirs.logits.argmax(-1)).float().mean() >= 0.9
-    native_target = half_target  # the default, below
+    native_target = half_target  # the fp16 cache, below (the fp32 one: tests/unit/test_packed_decoder.py)
     cache, _ = run(native_target, ids[:50])
     together = run(native_target, ids[50:55], start=50, cache=cache)[1].logits[0]
     cache, _ = run(native_target, ids[:50])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from specdecode.config import ConfigError
 from specdecode.quant import native
 from specdecode.quant.weights import apply
 from specdecode.target import Target
@@ -64,7 +65,7 @@ def test_a_layer_matches_transformers(arch, fmt):
     both with an fp32 cache: the only differences are float summation orders, which int8 activation codes can
     round apart in later layers, so the whole model is held to a looser bound than one layer."""
     model = packed(MODELS[arch](), fmt)
-    native_target, own = Target(model, kv_half=False), Target(model, packed_decoder=False)
+    native_target, own = Target(model), Target(model, packed_decoder=False)
     assert native_target.packed_decoder and not own.packed_decoder
     for layers, typical, most in ((1, 1e-5, 5e-3), (None, 0.05, 0.1)):
         _, ours = prefill(native_target, PROMPT, hidden=True, num_layers=layers)
@@ -78,11 +79,11 @@ def test_a_layer_matches_transformers(arch, fmt):
 
 @pytest.mark.parametrize("arch", list(MODELS))
 def test_an_fp16_cache_is_the_fp32_one_rounded(arch):
-    """The default cache holds keys and values in fp16: exactly the fp32 cache's values rounded to nearest, and
+    """kv_half: the cache holds keys and values in fp16, exactly the fp32 cache's values rounded to nearest, and
     the model's next tokens mostly those of the fp32 cache (these tiny random models have large activations,
     which fp16 rounds coarsely: about 2e-3 of the largest state apart after one layer)."""
     model = packed(MODELS[arch](), "int4")
-    half, full = Target(model), Target(model, kv_half=False)
+    half, full = Target(model, kv_half=True), Target(model)
     assert half.kv_dtype == torch.float16 and full.kv_dtype == torch.float32
     (half_cache, ours), (full_cache, theirs) = (prefill(t, PROMPT, hidden=True, num_layers=1) for t in (half, full))
     (k16, v16), (k32, v32) = (c.layers[0].row(0) for c in (half_cache, full_cache))  # [kv_heads, capacity, d]
@@ -100,15 +101,16 @@ TREES = {"6 nodes": ([11, 12, 13, 14, 15, 16], [-1, 0, 1, 0, 3, 1]),  # two bran
          "20 nodes": (list(range(20, 40)), [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 12, 13, 1, 15, 2, 17, 17])}
 
 
+@pytest.mark.parametrize("kv_half", [False, True], ids=["fp32 cache", "fp16 cache"])
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("prompt", [PROMPT, LONG_PROMPT], ids=["11 tokens", "45 tokens"])
 @pytest.mark.parametrize("arch", list(HEAD_LAYOUTS))
-def test_a_tree_pass_gives_each_node_its_one_token_logits(arch, prompt, tree):
+def test_a_tree_pass_gives_each_node_its_one_token_logits(arch, prompt, tree, kv_half):
     """Speculation's losslessness over a packed target rests on this: a verify pass over a tree reproduces, bit
     for bit, the logits each node gets when its path is decoded one token at a time (attention shares each slice
     of the cache among the rows and heads of a unit, 8 slots at a time: prompts that do and do not fill the last
     slice, trees that are and are not split into several units)."""
-    target = Target(packed(HEAD_LAYOUTS[arch](), "int4"))
+    target = Target(packed(HEAD_LAYOUTS[arch](), "int4"), kv_half=kv_half)
     tokens, parents = TREES[tree]
     cache, _ = prefill(target, prompt)
     start = len(prompt)
@@ -174,7 +176,9 @@ def test_layer_skip_runs_the_first_layers_only():
 
 def test_float_models_keep_their_own_forward():
     model = tiny_llama()
-    assert not Target(model).packed_decoder
+    assert not Target(model).packed_decoder and Target(model).kv_dtype == torch.float32
+    with pytest.raises(ConfigError, match="an fp16 KV cache needs the native decoder"):
+        Target(model, kv_half=True)
     with pytest.raises(ValueError, match="not every decoder linear layer is packed"):
         Target(model, packed_decoder=True)
 
