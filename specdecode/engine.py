@@ -311,7 +311,9 @@ class Engine:
             width = max(1 + len(draft) + len(_aux(draft)) for draft in drafts)
             for seq, chunk in [(seq, chunk) for seq, chunk in chunks if len(chunk) > width]:
                 self._prefill_pass(seq, chunk)
-                seq.metrics.prefill_s += time.perf_counter() - drafted
+                aside = time.perf_counter() - drafted
+                seq.metrics.prefill_s += aside
+                began, drafted = began + aside, drafted + aside  # not the decode rows' time, nor a rider's
             chunks = [(seq, chunk) for seq, chunk in chunks if len(chunk) <= width]
 
         hidden = self.drafter.capabilities.needs_hidden

@@ -122,7 +122,7 @@ class DecoderOutput:
 class PackedDecoder:
     """The decoder of a packed Llama-family model, over a dynamic RollbackCache (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, kv_half: bool = True):
+    def __init__(self, model: nn.Module, kv_half: bool = False):
         """kv_half: keep the cache's keys and values in fp16 (half the bytes a pass reads from it; a batched or
         long-context pass is bound by that read), else fp32."""
         reason = unsupported(model)
@@ -167,7 +167,7 @@ class PackedDecoder:
         # lengths: row b's real tokens (the first lengths[b]; the rest is padding, not computed); None: all q
         b, q = input_ids.shape
         kv_len = mask.shape[-1]
-        lengths = tuple(lengths) if lengths is not None and min(lengths) < q else (q,) * b
+        lengths = tuple(lengths) if lengths is not None else (q,) * b
         real = None if min(lengths) == q else torch.cat([torch.arange(i * q, i * q + n) for i, n in enumerate(lengths)])
         starts = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)  # [b + 1]
 
