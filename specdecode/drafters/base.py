@@ -99,11 +99,14 @@ class Capabilities:
 
     needs_hidden: bool = False  # reads the target's hidden states of committed tokens (ctx.hidden): EAGLE, Medusa
     exit_layers: tuple[int, ...] = ()  # drafts with partial target passes of these depths (layer skip): warmed up
+    prices_rows: bool = False  # plans its depth with the target's row cost (row_budget.RowCost): the thread that
+    # decodes may measure it before the first step (the server's scheduler does), else the first step does
 
     @staticmethod
     def union(parts: "Sequence[Capabilities]") -> "Capabilities":
         return Capabilities(any(c.needs_hidden for c in parts),
-                            tuple(sorted({layer for c in parts for layer in c.exit_layers})))
+                            tuple(sorted({layer for c in parts for layer in c.exit_layers})),
+                            any(c.prices_rows for c in parts))
 
 
 class Drafter(Protocol):

@@ -22,8 +22,8 @@ from typing import NamedTuple, Sequence
 import torch
 
 from ..config import ConfigError, SpecConfig
-from .base import AuxBranch, BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, Yield, row_cost_for
+from .base import AuxBranch, BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .row_budget import DepthPolicy, RowCost, Yield, row_cost_for
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,17 @@ class _State:
 
 class Lookahead(BaseDrafter):
     name = "lookahead"
+    capabilities = Capabilities(prices_rows=True)
 
-    def __init__(self, config: LookaheadConfig | None = None):
+    def __init__(self, config: LookaheadConfig | None = None, cost: RowCost | None = None):
+        """cost: where the row cost comes from when config.row_cost is None (the target's, measured on first
+        use); a bare drafter's rows are free."""
         self.config = config or LookaheadConfig()
-        self.row_cost = self.config.row_cost or 0.0
+        self._cost = cost or RowCost(configured=self.config.row_cost)
+
+    @property
+    def row_cost(self) -> float:
+        return self._cost.value
 
     def start(self, seq: SequenceContext) -> None:
         c = self.config
@@ -229,7 +236,7 @@ class Lookahead(BaseDrafter):
 
 def _build(target, config: DrafterConfig, spec: SpecConfig) -> Lookahead:
     shape = {} if config.lookahead is None else dict(zip(("window", "ngram", "candidates"), config.lookahead))
-    return Lookahead(LookaheadConfig(**shape, row_cost=row_cost_for(target, config.row_cost)))
+    return Lookahead(LookaheadConfig(**shape, row_cost=config.row_cost), row_cost_for(target, config.row_cost))
 
 
 SPEC = DrafterSpec("lookahead", _build, "Jacobi lookahead window + n-gram pool verified in one pass (model-free)")

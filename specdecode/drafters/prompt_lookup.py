@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .base import BaseDrafter, Draft, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, row_cost_for
+from .base import BaseDrafter, Capabilities, Draft, DrafterSpec, SequenceContext
+from .row_budget import DepthPolicy, RowCost, row_cost_for
 
 
 @dataclass
@@ -63,10 +63,16 @@ class _State:
 
 class PromptLookup(BaseDrafter):
     name = "prompt-lookup"
+    capabilities = Capabilities(prices_rows=True)
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, row_cost: float = 0.0):
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, row_cost: float | RowCost = 0.0):
         self.min_n, self.max_n = min_ngram, max_ngram
-        self.row_cost = row_cost  # 0: rows are free, every match is drafted in full
+        # 0: rows are free, every match is drafted in full
+        self._cost = row_cost if isinstance(row_cost, RowCost) else RowCost(configured=row_cost)
+
+    @property
+    def row_cost(self) -> float:
+        return self._cost.value
 
     def start(self, seq: SequenceContext) -> None:
         priors = {n: PRIOR_RATES[min(n, 3)] for n in range(self.min_n, self.max_n + 1)}

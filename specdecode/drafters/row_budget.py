@@ -21,9 +21,37 @@ PRIOR_TRIES = 2  # weight of the prior rates, in proposals: a fresh sequence's o
 MAX_BACKOFF = 8  # probe intervals double up to this many times probe_every
 
 
-def row_cost_for(target, configured: float | None = None) -> float:
-    """The row cost a drafter of this target plans with: `configured`, else the target's measured one."""
-    return target.row_cost if configured is None else configured
+class RowCost:
+    """One more verify row, in one-token passes, as a drafter plans with it: `configured`, else the target's
+    measured cost (Target.row_cost), else 0 (a bare drafter: rows are free).
+
+    The target's cost is measured when first read, not when the drafter is built: the first read is a
+    drafter's first step, on the thread that decodes. Timings taken on a loading thread (own_thread.py) while
+    another thread of the process holds an OpenMP team are wrong: idle workers then sleep between parallel
+    regions, which slows a one-token pass more than a wide one. A second SpecDecoder.load after decoding
+    measured SmolLM2's row cost at 0.005-0.014 instead of 0.12-0.15 (2-core VM, 2026-11-25), and its
+    drafters then drafted as if rows were free."""
+
+    def __init__(self, target=None, configured: float | None = None):
+        self.target, self.configured = target, configured
+        self._value = configured if configured is not None or target is not None else 0.0
+
+    @property
+    def value(self) -> float:
+        if self._value is None:
+            self._value = self.target.row_cost
+        return self._value
+
+    @property
+    def measured(self) -> bool:
+        """Whether the value is known without timing anything now."""
+        return self._value is not None
+
+
+def row_cost_for(target, configured: float | None = None) -> RowCost:
+    """The row cost a drafter of this target plans with: `configured`, else the target's measured one (measured
+    on first read)."""
+    return RowCost(target, configured)
 
 
 class Probe:

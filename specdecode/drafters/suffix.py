@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..config import ConfigError, SpecConfig
-from .base import BaseDrafter, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthYield, Probe, row_cost_for
+from .base import BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
+from .row_budget import DepthYield, Probe, RowCost, row_cost_for
 from .suffix_store import StoreStats, SuffixStore, TokenIndex, TrieNode, continuation_trie
 
 KINDS = (16, 8, 4, 3, 2, 1)  # match-length classes, longest first
@@ -148,14 +148,21 @@ class _State:
 
 class Suffix(BaseDrafter):
     name = "suffix"
+    capabilities = Capabilities(prices_rows=True)
 
-    def __init__(self, config: SuffixConfig | None = None):
+    def __init__(self, config: SuffixConfig | None = None, cost: RowCost | None = None):
+        """cost: where the row cost comes from when config.row_cost is None (the target's, measured on first
+        use); a bare Suffix's rows are free."""
         self.config = config or SuffixConfig()
-        self.row_cost = self.config.row_cost or 0.0
+        self._cost = cost or RowCost(configured=self.config.row_cost)
         c = self.config
         self.store = SuffixStore(c.store_tokens, c.max_match, c.candidates)
         self.learned = Learned()
         self.drafts = self.hits = 0
+
+    @property
+    def row_cost(self) -> float:
+        return self._cost.value
 
     def max_nodes(self, k: int) -> int:
         """Largest draft at speculation length k (the fast path compiles up to it)."""
@@ -250,7 +257,7 @@ def _cumulative(rates) -> list[float]:
 
 def _build(target, config: DrafterConfig, spec: SpecConfig) -> Suffix:
     store = {} if config.suffix_store is None else {"store_tokens": config.suffix_store}
-    return Suffix(SuffixConfig(**store, row_cost=row_cost_for(target, config.row_cost)))
+    return Suffix(SuffixConfig(**store, row_cost=config.row_cost), row_cost_for(target, config.row_cost))
 
 
 SPEC = DrafterSpec("suffix", _build, "tree of frequent continuations of the longest suffix match in earlier "

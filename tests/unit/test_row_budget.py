@@ -1,12 +1,17 @@
 """The depth policy of table drafters (row_budget): draft what pays for its rows, probe what does not."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 import torch
 
-from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, Yield, row_cost_for
+from specdecode.config import SamplingConfig
+from specdecode.drafters.base import SequenceContext
+from specdecode.drafters.prompt_lookup import PromptLookup
+from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, RowCost, Yield, row_cost_for
+from specdecode.own_thread import run_in_own_thread
 from specdecode.pass_cost import measure_row_cost
 
 
@@ -73,9 +78,31 @@ def test_row_cost_configured_or_the_targets():
     class Measured:
         row_cost = 0.13
 
-    assert row_cost_for(Measured()) == 0.13
-    assert row_cost_for(Measured(), 0.0) == 0.0
-    assert row_cost_for(Measured(), 0.5) == 0.5
+    assert row_cost_for(Measured()).value == 0.13
+    assert row_cost_for(Measured(), 0.0).value == 0.0
+    assert row_cost_for(Measured(), 0.5).value == 0.5
+    assert RowCost().value == 0.0  # a bare drafter: rows are free
+
+
+def test_row_cost_is_measured_by_the_thread_that_first_reads_it():
+    """Building a drafter measures nothing; its first step, on the thread that decodes, does (a timing on a
+    loading thread is skewed while another thread holds an OpenMP team: RowCost)."""
+    class Counted:
+        def __init__(self):
+            self.threads = []
+
+        @property
+        def row_cost(self):
+            self.threads.append(threading.current_thread())
+            return 0.13
+
+    target = Counted()
+    built = run_in_own_thread(lambda: PromptLookup(row_cost=row_cost_for(target)))
+    assert target.threads == []
+    seq = SequenceContext(0, [1, 2, 3, 1, 2], 0, 3, SamplingConfig(), torch.Generator())
+    built.start(seq)
+    assert target.threads == [threading.current_thread()] and built.row_cost == 0.13
+    assert built.propose([seq]) and len(target.threads) == 1  # read once
 
 
 class _TimedTarget:
@@ -100,7 +127,8 @@ def test_row_cost_is_measured_on_the_target():
     target = _TimedTarget()
     assert measure_row_cost(target) == pytest.approx(0.25, abs=0.1)
     assert target.widths[0] == 32 and set(target.widths[1:]) == {1, 8}  # prefill, then both widths in turns
-    assert row_cost_for(target, configured=0.5) == 0.5  # a configured cost is not measured
+    timed = len(target.widths)
+    assert row_cost_for(target, configured=0.5).value == 0.5 and len(target.widths) == timed  # configured: not timed
     gpu = _TimedTarget("cuda")
     assert measure_row_cost(gpu) == 0.0 and gpu.widths == []  # rows are free there: nothing to time
 

@@ -27,3 +27,24 @@ def test_burst_fills_free_rows_and_queue_then_429(tiny_target):
         assert scheduler.queued == 3
     finally:
         loop.close()
+
+
+def test_the_worker_measures_the_row_cost_on_its_own_thread(tiny_model, tiny_tokenizer, monkeypatch):
+    """A drafter that prices rows plans with a row cost timed on the thread that decodes (row_budget.RowCost),
+    before the first request: not on the thread that built the server."""
+    import threading
+
+    from specdecode.target import Target
+
+    target = Target(tiny_model, tiny_tokenizer)  # its own: a Target measures once
+    threads = []
+    monkeypatch.setattr("specdecode.target.measure_row_cost",
+                        lambda target: threads.append(threading.current_thread().name) or 0.2)
+    spec = SpecConfig(k=2)
+    router = RoutingDrafter({"prompt-lookup": build_drafter(target, DrafterConfig(name="prompt-lookup"), spec)},
+                            "prompt-lookup")
+    scheduler = Scheduler(Engine(target, router, spec), router, SchedulerConfig(max_batch=1), ServerMetrics())
+    assert threads == []
+    scheduler.start()
+    scheduler.stop()
+    assert threads == ["specdecode-scheduler"] and router.drafters["prompt-lookup"].row_cost == 0.2
