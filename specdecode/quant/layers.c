@@ -250,6 +250,54 @@ static inline int sees8(const uint8_t *visible) { /* all of 8 mask bytes (0 or 1
     return v == 0x0101010101010101ull;
 }
 
+static inline int blind8(const uint8_t *visible, int64_t width) { /* none of `width` <= 8 mask bytes set */
+    if (width < 8) {
+        for (int64_t t = 0; t < width; t++)
+            if (visible[t]) return 0;
+        return 1;
+    }
+    uint64_t v;
+    memcpy(&v, visible, 8);
+    return v == 0;
+}
+
+/* One past the last slot any of rows r0..r1 sees: the slots after it need not be swept (a causal prefill's early
+rows see a fraction of the cache). Rows are scanned from the last, which usually sees the furthest, so the others
+stop at once; 8 mask bytes at a time. */
+static int64_t seen_end(const uint8_t *mask, int64_t kv_len, int64_t r0, int64_t r1) {
+    int64_t end = 0;
+    for (int64_t r = r1 - 1; r >= r0; r--) {
+        const uint8_t *visible = mask + r * kv_len;
+        int64_t e = kv_len;
+        while (e - 8 >= end && blind8(visible + e - 8, 8)) e -= 8;
+        while (e > end && !visible[e - 1]) e--;
+        end = e > end ? e : end;
+    }
+    return end;
+}
+
+/* score[:n] *= scale -> their largest (NaN ignored, as a scalar `if (x > best)` would): the same products as one at
+a time, and a max is exact in any order; 8 lanes rather than one latency-bound chain of compares */
+static float scale_max(float *score, int64_t n, float scale) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    __m256 most = _mm256_set1_ps(-INFINITY);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(score + t), factor);
+        _mm256_storeu_ps(score + t, v);
+        most = _mm256_max_ps(v, most); /* the second operand where either is NaN */
+    }
+    float lanes[8], best = -INFINITY;
+    _mm256_storeu_ps(lanes, most);
+    for (int j = 0; j < 8; j++)
+        if (lanes[j] > best) best = lanes[j];
+    for (; t < n; t++) {
+        score[t] *= scale;
+        if (score[t] > best) best = score[t];
+    }
+    return best;
+}
+
 /* att[r, h, :] for rows r0..r1 (of one batch row) x heads h0..h1 (of one kv head's group): softmax(q . K_j * scale
 over the visible slots j) @ V_j. The cache is swept 8 slots at a time and each slice of keys, then of values, is
 used by all the unit's queries while it is in L1 (a query alone would read the whole cache from L2). A query's
@@ -262,11 +310,13 @@ static inline __attribute__((always_inline)) void attend_unit(const decoder_laye
                                                               float *scores, int64_t *used, const int half) {
     const int64_t heads = L->heads, d = L->head_dim, nh = h1 - h0, queries = (r1 - r0) * nh;
     const float scale = 1.0f / sqrtf((float)d);
+    const int64_t end = seen_end(mask, kv_len, r0, r1);
     for (int64_t i = 0; i < queries; i++) used[i] = 0;
-    for (int64_t j = 0; j < kv_len; j += 8) { /* scores */
-        const int64_t width = kv_len - j < 8 ? kv_len - j : 8;
+    for (int64_t j = 0; j < end; j += 8) { /* scores */
+        const int64_t width = end - j < 8 ? end - j : 8;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *visible = mask + r * kv_len + j;
+            if (blind8(visible, width)) continue;
             const int whole = width == 8 && d % 8 == 0 && sees8(visible);
             for (int64_t hh = h0; hh < h1; hh++) {
                 const int64_t i = (r - r0) * nh + hh - h0;
@@ -283,12 +333,9 @@ static inline __attribute__((always_inline)) void attend_unit(const decoder_laye
         }
     }
     for (int64_t i = 0; i < queries; i++) { /* softmax */
-        float *score = scores + i * kv_len, best = -INFINITY;
+        float *score = scores + i * kv_len;
         const int64_t n = used[i];
-        for (int64_t t = 0; t < n; t++) {
-            score[t] *= scale;
-            if (score[t] > best) best = score[t];
-        }
+        const float best = scale_max(score, n, scale);
         const float total = exp_shifted(score, n, best);
         const float inv = total > 0.0f ? 1.0f / total : 0.0f;
         for (int64_t t = 0; t < n; t++) score[t] *= inv;
@@ -296,10 +343,11 @@ static inline __attribute__((always_inline)) void attend_unit(const decoder_laye
         const int64_t r = r0 + i / nh, hh = h0 + i % nh;
         memset(s->att + (r * heads + hh) * d, 0, sizeof(float) * d);
     }
-    for (int64_t j = 0; j < kv_len; j += 8) { /* probabilities @ values */
-        const int64_t width = kv_len - j < 8 ? kv_len - j : 8;
+    for (int64_t j = 0; j < end; j += 8) { /* probabilities @ values */
+        const int64_t width = end - j < 8 ? end - j : 8;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *visible = mask + r * kv_len + j;
+            if (blind8(visible, width)) continue;
             const int whole = width == 8 && sees8(visible);
             for (int64_t hh = h0; hh < h1; hh++) {
                 const int64_t i = (r - r0) * nh + hh - h0;
