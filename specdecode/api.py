@@ -100,10 +100,16 @@ class SpecDecoder:
 
     def generate(self, prompt: str | list[dict], *, chat: bool = False, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 response_format: Structure | dict | None = None, logprobs: int | None = None) -> Result:
+                 response_format: Structure | dict | None = None, logprobs: int | None = None, min_p: float = 0.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                 logit_bias: dict[int, float] | None = None) -> Result:
         """response_format: a Structure (JSON schema, regex, choice, grammar) or OpenAI's response_format dict;
-        logprobs: per token its logprob and the top-N alternatives (Result.logprobs)."""
-        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        logprobs: per token its logprob and the top-N alternatives (Result.logprobs); penalties and logit_bias
+        ({token id: bias}) as OpenAI's and vLLM's (penalties.py), greedy decoding included."""
+        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, min_p=min_p,
+                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                  repetition_penalty=repetition_penalty,
+                                  logit_bias=tuple((logit_bias or {}).items()))
         structure = None if response_format is None else Structure.from_response_format(response_format)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, structure=structure, logprobs=logprobs)
         _check_greedy(sampling)

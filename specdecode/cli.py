@@ -21,10 +21,27 @@ def _quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def _logit_bias(text: str) -> tuple[tuple[int, float], ...]:
+    """"ID:BIAS,ID:BIAS" -> ((ID, BIAS), ...); the values are checked by SamplingConfig."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        token, sep, bias = item.partition(":")
+        try:
+            pairs.append((int(token), float(bias)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected ID:BIAS pairs separated by commas, got {item!r}") from None
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected ID:BIAS pairs separated by commas, got {item!r}")
+    return tuple(pairs)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .api import SpecDecoder
 
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                              min_p=args.min_p, presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+                              logit_bias=args.logit_bias)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, structure=_structure(args),
                                   logprobs=args.logprobs)
     if not args.prompt.strip():
@@ -107,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this fraction of the top "
+                                                               "probability (sampling)")
+    gen.add_argument("--presence-penalty", type=float, default=0.0,
+                     help="subtract this from a token's logit once it was generated (-2..2, as OpenAI)")
+    gen.add_argument("--frequency-penalty", type=float, default=0.0,
+                     help="subtract this times the times a token was generated (-2..2, as OpenAI)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0,
+                     help="divide positive / multiply negative logits of prompt and generated tokens (as vLLM)")
+    gen.add_argument("--logit-bias", type=_logit_bias, default=(), metavar="ID:BIAS,...",
+                     help="add BIAS (-100..100) to token ID's logit (as OpenAI's logit_bias)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")

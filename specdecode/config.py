@@ -31,6 +31,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 
 _NUMBER, _INT, _BOOL, _STRINGS = ((int, float), "a number"), (int, "an integer"), (bool, "True or False"), \
     ((tuple, list), "a tuple of strings")
+_PAIRS = ((tuple, list), "a tuple of (token id, bias) pairs")
 
 
 def _check_types(owner: str, **fields: tuple[object, tuple[type | tuple[type, ...], str]]) -> None:
@@ -60,10 +61,37 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
+    min_p: float = 0.0  # 0 = off; drop tokens below min_p x the top probability (after temperature)
+    # context-dependent changes to the logits, greedy decoding included (penalties.py): OpenAI's presence and
+    # frequency penalties over the generated tokens, vLLM's / transformers' repetition penalty over prompt and
+    # generated tokens, OpenAI's logit_bias ((token id, bias), ...)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _check_types("sampling", temperature=(self.temperature, _NUMBER), top_k=(self.top_k, _INT),
-                     top_p=(self.top_p, _NUMBER))
+                     top_p=(self.top_p, _NUMBER), min_p=(self.min_p, _NUMBER),
+                     presence_penalty=(self.presence_penalty, _NUMBER),
+                     frequency_penalty=(self.frequency_penalty, _NUMBER),
+                     repetition_penalty=(self.repetition_penalty, _NUMBER), logit_bias=(self.logit_bias, _PAIRS))
+        for pair in self.logit_bias:
+            if (not isinstance(pair, (tuple, list)) or len(pair) != 2 or isinstance(pair[0], bool)
+                    or not isinstance(pair[0], int) or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float))):
+                raise ConfigError(f"sampling: logit_bias must hold (token id, bias) pairs, got {pair!r}")
+            if pair[0] < 0 or not -100 <= pair[1] <= 100:
+                raise ConfigError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {tuple(pair)}")
+        if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ConfigError("logit_bias names a token twice")
+        object.__setattr__(self, "logit_bias", tuple((token, float(bias)) for token, bias in self.logit_bias))
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min-p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ConfigError(f"{name.replace('_', ' ')} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ConfigError(f"repetition penalty must be > 0 and finite, got {self.repetition_penalty}")
         if self.seed is not None:
             _check_types("sampling", seed=(self.seed, _INT))
             if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
@@ -79,13 +107,19 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the context beyond the model (penalties or a bias): see penalties.py."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
     def unused_when_greedy(self) -> list[str]:
         """Fields set away from their defaults that greedy decoding never reads (a caller's option that would be
-        silently ignored); empty when sampling."""
+        silently ignored); empty when sampling. Penalties and logit_bias change the greedy choice: read."""
         if not self.greedy:
             return []
         return [name for name, unused in (("top_p", self.top_p != 1.0), ("top_k", self.top_k != 0),
-                                          ("seed", self.seed is not None)) if unused]
+                                          ("seed", self.seed is not None), ("min_p", self.min_p != 0)) if unused]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .drafters.base import AuxBranch, Draft, Drafter, SequenceContext, common_pr
 from .kv_cache import kv_bytes_per_slot
 from .logprobs import TokenLogprob, token_logprobs
 from .metrics import GenerationMetrics
+from .penalties import check_bias, path_tokens, penalize
 from .sampling import make_generator, probabilities
 from .speculation import SpeculationLength
 from .structured import Constraint, Grammars, Shaped, mask_logits
@@ -165,6 +166,7 @@ class Engine:
         self.validate(prompt_ids, generation)
         if not self._free_rows:
             raise RuntimeError("no free batch row")
+        check_bias(sampling, self.target.vocab_size)
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         constraint = None if generation.structure is None else \
             self.grammars.constraint(generation.structure, self.spec.grammar_draft)
@@ -334,6 +336,10 @@ class Engine:
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):
             if draft.aux:  # aux nodes sit after the root and the n draft nodes
                 self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])
+        for b, (seq, draft) in enumerate(zip(seqs, drafts)):
+            if seq.ctx.sampling.penalized:  # every node scored in its own path's context (penalties.py)
+                penalize(out.logits[b, : 1 + len(draft)], seq.ctx.sampling, seq.ctx.tokens[: seq.prompt_len],
+                         seq.output_ids, path_tokens(draft.tokens, draft.parents))
         for b, fit in enumerate(shaped):
             if fit is not None:  # the grammar's mask at every node: the verifier sees the constrained distribution
                 masking = time.perf_counter()

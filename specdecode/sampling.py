@@ -1,4 +1,5 @@
-"""Logits -> probabilities (temperature, top-k, top-p) and sampling. Used identically for target p and draft q."""
+"""Logits -> probabilities (temperature, min-p, top-k, top-p) and sampling. Used identically for target p and
+draft q. (Penalties and logit_bias depend on the context: penalties.py, before this.)"""
 from __future__ import annotations
 
 import torch
@@ -16,6 +17,9 @@ def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
     scores = logits.float()
     if sampling.temperature > 0:
         scores = _temper(scores, sampling.temperature)
+    if sampling.min_p > 0:  # as vLLM: after the temperature, before top-k / top-p
+        probs = scores.softmax(dim=-1)
+        scores = scores.masked_fill(probs < sampling.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     if sampling.top_k and sampling.top_k < scores.shape[-1]:
         kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))

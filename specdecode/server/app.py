@@ -31,6 +31,7 @@ from ..drafters.base import Drafter
 from ..drafters.none import NoDrafter
 from ..drafters.suffix import Suffix
 from ..engine import Engine
+from ..penalties import check_bias
 from ..target import Target
 from . import schemas as s
 from .errors import APIError, bad_request, from_validation
@@ -531,8 +532,17 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     if spec.k == 0:
         drafter = NO_SPECULATION
     try:
+        bias = req.bias_pairs()
+        check_bias(SamplingConfig(logit_bias=bias), service.scheduler.engine.target.vocab_size)
+    except ConfigError as error:
+        raise bad_request(str(error), "logit_bias", "invalid_value") from None
+    try:
         sampling = SamplingConfig(temperature=1.0 if req.temperature is None else req.temperature,
-                                  top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
+                                  top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed,
+                                  min_p=req.min_p or 0.0, presence_penalty=req.presence_penalty or 0.0,
+                                  frequency_penalty=req.frequency_penalty or 0.0,
+                                  repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                                  logit_bias=bias)
         generation = GenerationConfig(max_new_tokens=max_tokens or min(service.config.default_max_tokens, room),
                                       stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x),
                                       structure=shape.structure, logprobs=shape.logprobs)

@@ -4,9 +4,9 @@ Validation policy for request fields, in three kinds:
 1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (echo, best_of, penalties, logit_bias, suffix, tools, functions, audio, a
-   message's name or tool_calls, ...) and the common vLLM sampling extensions (min_p, repetition_penalty, ...)
-   are accepted only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the
+2. OpenAI fields we do not implement (echo, best_of, suffix, tools, functions, audio, a message's name or
+   tool_calls, ...) and the vLLM sampling extensions we do not (min_tokens, stop_token_ids, ...) are accepted
+   only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the
    field is unsupported, so a client never gets silently different behaviour.
 3. Other fields are ignored: SDKs and proxies add fields freely (and OpenAI's bookkeeping fields such as
    `metadata`, `store` or `service_tier` do not change the output), and such a field has no declared type to be
@@ -15,6 +15,8 @@ Structured outputs: `response_format` ({"type": "json_object"} or {"type": "json
 {"schema": ...}}) on both endpoints, and vLLM's `structured_outputs: {"json" | "regex" | "choice" | "grammar" |
 "json_object": ...}` (its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` too); one per
 request. Logprobs: completions' `logprobs: N` and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
+Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_bias` ({"token id": -100..100}),
+and vLLM's `repetition_penalty` (> 0) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K}` chooses the drafter ("none" disables speculation) and sets
 the request's draft length; `top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance
 rate, drafter, grammar-forced tokens) in responses.
@@ -110,32 +112,33 @@ class _Sampling(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    # OpenAI fields accepted only at their neutral value (see unsupported()):
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, Any] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI's) -> bias in [-100, 100]
+    min_p: float | None = Field(default=None, ge=0, le=1)  # extension (as in vLLM)
+    repetition_penalty: float | None = Field(default=None, gt=0)  # extension (as in vLLM)
     # vLLM sampling extensions, accepted only at their neutral value:
-    min_p: Any = None
-    repetition_penalty: Any = None
     min_tokens: Any = None
     stop_token_ids: Any = None
     include_stop_str_in_output: Any = None
-    NEUTRAL: ClassVar[dict[str, tuple]] = {
-        "min_p": (0,), "repetition_penalty": (1,), "min_tokens": (0,), "stop_token_ids": ([],),
-        "include_stop_str_in_output": (False,)}
-    ONLY: ClassVar[dict[str, tuple]] = {"n": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
-                                        "logit_bias": ({},)}
+    NEUTRAL: ClassVar[dict[str, tuple]] = {"min_tokens": (0,), "stop_token_ids": ([],),
+                                           "include_stop_str_in_output": (False,)}
+    ONLY: ClassVar[dict[str, tuple]] = {"n": (1,)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
         if self.n not in (None, 1):
             problems.append(("n", "only n=1 is supported"))
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                problems.append((name, f"{name} is not supported; omit it or send 0"))
-        if self.logit_bias:
-            problems.append(("logit_bias", "logit_bias is not supported"))
         return problems
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs; a key that is not a token id is a ConfigError."""
+        pairs = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise ConfigError(f"logit_bias keys must be token ids, got {key!r}")
+            pairs.append((int(key), bias))
+        return tuple(pairs)
 
     def structure(self) -> tuple[str, Structure] | None:
         """(the field that asked, the Structure) for the one structure the request asks for, or None. More than

@@ -7,6 +7,7 @@ import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import DrafterConfig, build_drafter, registry
+from specdecode.drafters.base import Capabilities, Draft
 from specdecode.engine import Engine
 from tests.tiny import tiny_drafter
 
@@ -77,16 +78,46 @@ def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenize
     assert len(drafter.shortlist.ids) > 0  # tokens beyond the first 64 were seen and scored
 
 
-def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references) -> None:
-    proposed = 0
+def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references, sampling: SamplingConfig = SamplingConfig(),
+                  accepted: bool = False) -> None:
+    proposed = taken = 0
     for key, text in PROMPTS.items():
         ids = tiny_tokenizer(text)["input_ids"]
-        result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False))
+        result = engine.generate(ids, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False))
         assert result.token_ids == references[key], f"{name} diverged on {key!r}"
         assert result.metrics.new_tokens == NEW_TOKENS
         proposed += result.metrics.proposed
+        taken += result.metrics.accepted
     if name != "none":
         assert proposed > 0, "the drafter never drafted: the test would not exercise verification"
+    if accepted:
+        assert taken > 0, "no draft token was accepted: deeper positions' contexts went unchecked"
+
+
+# penalties and a bias change the greedy choice (penalties.py); mild, so that drafts are still accepted
+PENALIZED = SamplingConfig(presence_penalty=0.3, frequency_penalty=0.25, repetition_penalty=1.2,
+                           logit_bias=((5, 2.0), (17, -1.5)))
+
+
+@pytest.fixture(scope="module")
+def penalized_references(tiny_target, tiny_tokenizer, references):
+    plain = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig("none"), SpecConfig()), SpecConfig())
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False)
+    out = {key: plain.generate(tiny_tokenizer(text)["input_ids"], PENALIZED, config).token_ids
+           for key, text in PROMPTS.items()}
+    assert all(out[key] != references[key] for key in PROMPTS)  # the settings change the output
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"])
+def test_greedy_equals_plain_with_penalties(name, tiny_target, tiny_tokenizer, tiny_draft_dir, penalized_references):
+    """Each position of a draft is scored with the counts of its own path (a token drafted twice is penalized
+    twice at the second's successor): speculative greedy output equals plain greedy output with the same
+    penalties and bias. Free rows: table drafters draft all they find."""
+    spec = SpecConfig(k=4, pause_on_time=False)
+    engine = Engine(tiny_target, tiny_drafter(tiny_target, name, spec, tiny_draft_dir, row_cost=0.0), spec)
+    _check_greedy(engine, name, tiny_tokenizer, penalized_references, PENALIZED,
+                  accepted=name in ("prompt-lookup", "suffix", "draft-model"))
 
 
 def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
@@ -144,3 +175,63 @@ def test_greedy_equals_plain_on_a_quantized_target(name, quantized_target, tiny_
     spec = SpecConfig(k=4)
     _check_greedy(Engine(target, tiny_drafter(target, name, spec, tiny_draft_dir, row_cost=0.0), spec), name,
                   tiny_tokenizer, references)
+
+
+class _Oracle:
+    """Drafts plain decoding's own continuation (known in advance) behind a wrong first branch: every draft is
+    accepted and every position of the tree, a second branch's included, decides a token."""
+
+    name = "oracle"
+    capabilities = Capabilities()
+
+    def __init__(self, continuations: dict[tuple[int, ...], list[int]]):
+        self.continuations = continuations
+
+    def start(self, seq):
+        seq.state = next(ids for prompt, ids in self.continuations.items() if tuple(seq.tokens[: len(prompt)]) == prompt)
+
+    def propose(self, seqs):
+        drafts = []
+        for seq in seqs:
+            right = seq.state[len(seq.tokens) : len(seq.tokens) + seq.k]  # seq.state: the prompt + plain's output
+            if not right:
+                drafts.append(Draft())
+                continue
+            # a wrong first branch, whose token would change the next choice if counted in the right branch's context
+            wrong = right[1] if len(right) > 1 and right[1] != right[0] else (right[0] + 1) % 100
+            drafts.append(Draft((wrong, *right), (-1, -1, *range(1, len(right)))))
+        return drafts
+
+    def observe(self, seq, accepted):
+        pass
+
+    def observe_aux(self, seq, logits):
+        pass
+
+    def finish(self, seq):
+        pass
+
+    def max_nodes(self, k):
+        return k + 1
+
+    def forget_prefixes(self):
+        pass
+
+
+@pytest.mark.parametrize("sampling", [PENALIZED, SamplingConfig(frequency_penalty=2.0, presence_penalty=-1.0),
+                                      SamplingConfig(repetition_penalty=3.0)], ids=["mild", "frequency", "repetition"])
+def test_penalties_score_each_position_in_its_path(sampling, tiny_target, tiny_tokenizer):
+    """A drafter that always drafts plain decoding's continuation (on the second branch of a tree): the output
+    equals plain decoding only if every accepted position was penalized with its own path's tokens, since each
+    decides the next token. Scoring all positions with the committed tokens alone fails this."""
+    plain = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig("none"), SpecConfig()), SpecConfig())
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, stop_on_eos=False)
+    prompts = [tuple(tiny_tokenizer(text)["input_ids"]) for text in PROMPTS.values()]
+    expected = {ids: plain.generate(list(ids), sampling, config).token_ids for ids in prompts}
+    oracle = _Oracle({ids: list(ids) + out for ids, out in expected.items()})
+    spec = SpecConfig(k=4, pause_on_time=False)
+    engine = Engine(tiny_target, oracle, spec)
+    for ids in prompts:
+        result = engine.generate(list(ids), sampling, config)
+        assert result.token_ids == expected[ids]
+        assert result.metrics.accepted >= NEW_TOKENS // 2  # deep positions decided the tokens

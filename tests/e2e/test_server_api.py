@@ -155,15 +155,19 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400, "context_length_exceeded", "max_tokens"),
     (b'{"model": "tiny", "prompt": "x", "n": 2}', 400, "unsupported", "n"),
     (b'{"model": "tiny", "prompt": "x", "logprobs": 21}', 400, "invalid_value", "logprobs"),
-    (b'{"model": "tiny", "prompt": "x", "presence_penalty": 0.5}', 400, "unsupported", "presence_penalty"),
+    (b'{"model": "tiny", "prompt": "x", "presence_penalty": 2.5}', 400, "invalid_value", "presence_penalty"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"abc": 1}}', 400, "invalid_value", "logit_bias"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"999999": 1}}', 400, "invalid_value", "logit_bias"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"5": 101}}', 400, "invalid_value", "logit_bias"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"5": "up"}}', 400, "invalid_value", "logit_bias.5"),
     (b'{"model": "tiny", "prompt": "", "max_tokens": 2}', 400, "invalid_value", "prompt"),
     (b'{"model": "tiny", "prompt": [999999]}', 400, "invalid_value", "prompt"),
     (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),
     (b'{"model": "tiny", "prompt": "x", "seed": 1180591620717411303424}', 400, "invalid_value", "seed"),
     (b'{"model": "tiny", "prompt": [[1, 2], [3]]}', 400, "unsupported", "prompt"),
     (b'{"model": "tiny", "prompt": "x", "logprobs": true}', 400, "invalid_value", "logprobs"),  # a count here
-    (b'{"model": "tiny", "prompt": "x", "min_p": 0.2}', 400, "unsupported", "min_p"),
-    (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 1.3}', 400, "unsupported", "repetition_penalty"),
+    (b'{"model": "tiny", "prompt": "x", "min_p": 1.2}', 400, "invalid_value", "min_p"),
+    (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 0}', 400, "invalid_value", "repetition_penalty"),
     (b'{"model": "tiny", "prompt": "' + b"x" * 1100 + b'"}', 400, "context_length_exceeded", "prompt"),
 ]
 
@@ -214,6 +218,24 @@ def test_unsupported_fields_at_their_neutral_value_are_accepted(server):
     reply = httpx.post(server.url + "/v1/chat/completions", json=body)
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_penalties_and_bias_change_the_output_and_stay_lossless(server, client):
+    """OpenAI's penalties and logit_bias and vLLM's repetition_penalty and min_p are applied (the greedy text
+    changes) and speculation keeps the output: the same text with speculation off (speculation.k 0)."""
+    def ask(**extra):
+        reply = client.completions.create(model=MODEL, prompt="the cat sat on the mat. the cat", max_tokens=24,
+                                          temperature=0, **extra)
+        return reply.choices[0].text
+
+    plain = ask()
+    penalties = dict(frequency_penalty=1.0, presence_penalty=0.5, logit_bias={"5": -100, "17": 3})
+    penalized = ask(**penalties, extra_body={"repetition_penalty": 1.3})
+    assert penalized != plain
+    assert penalized == ask(**penalties, extra_body={"repetition_penalty": 1.3, "speculation": {"k": 0}})
+    sampled = client.completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=0.8, seed=3,
+                                        extra_body={"min_p": 0.1})
+    assert sampled.usage.completion_tokens == 4
 
 
 def test_unknown_fields_are_ignored_and_openai_client_errors_are_typed(server, client):

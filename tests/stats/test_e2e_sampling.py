@@ -3,7 +3,10 @@ drafter (temperature/top-p applied identically to p and q). The exact joint of t
 computed from the target itself; the test also shows it rejects a broken verifier (residual := p)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import registry
@@ -11,6 +14,7 @@ from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.shortlist import ShortlistHead
 from specdecode.engine import Engine
 from specdecode.int8_draft import quantize_linears
+from specdecode.sampling import probabilities
 from specdecode.target import Target
 from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
@@ -110,3 +114,54 @@ def test_broken_verifier_is_detected_on_an_int4_target(name, monkeypatch):
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
     engine = Engine(quantized, build(name, quantized, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) < 1e-4
+
+
+# penalties, a bias and min-p on top of temperature / top-p (penalties.py): the second token's distribution
+# depends on the first (frequency, presence, repetition), the first on the prompt (repetition)
+PENALIZED = SamplingConfig(temperature=0.9, top_p=0.95, min_p=0.05, presence_penalty=0.6, frequency_penalty=0.5,
+                           repetition_penalty=1.4, logit_bias=((3, 1.5), (7, -2.0)))
+
+
+def _penalized(row, prompt: list[int], output: list[int]):
+    """One context's logits [V] with PENALIZED's bias and penalties, written out token by token (a reference
+    independent of penalties.py)."""
+    x = [float(v) for v in row]
+    for token, bias in PENALIZED.logit_bias:
+        x[token] += bias
+    r = PENALIZED.repetition_penalty
+    for token in set(prompt) | set(output):
+        x[token] = x[token] / r if x[token] > 0 else x[token] * r
+    for token in set(output):
+        x[token] -= PENALIZED.frequency_penalty * output.count(token) + PENALIZED.presence_penalty
+    return torch.tensor(x)
+
+
+def _exact_penalized(target) -> dict[tuple[int, int], float]:
+    from tests.stats.two_tokens import last_logits
+
+    with torch.no_grad():
+        first = probabilities(_penalized(last_logits(target, [PROMPT])[0], PROMPT, []), PENALIZED)
+        rows = last_logits(target, [PROMPT + [t] for t in range(VOCAB)])
+        second = torch.stack([probabilities(_penalized(rows[t], PROMPT, [t]), PENALIZED) for t in range(VOCAB)])
+    return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)
+            if first[a] * second[a, b] > 0}
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup", "suffix"])  # drawn q, one-hot q, a tree
+def test_first_tokens_follow_the_penalized_target(name, target):
+    spec = SpecConfig(k=2)
+    engine = Engine(target, build(name, target, spec), spec)
+    exact = _exact_penalized(target)
+    assert exact != exact_pairs(target, dataclasses.replace(PENALIZED, presence_penalty=0.0, frequency_penalty=0.0,
+                                                             repetition_penalty=1.0, logit_bias=()))
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES, PENALIZED), exact) > 1e-3
+
+
+def test_unpenalized_second_tokens_are_detected(target, monkeypatch):
+    """The test above can fail: scoring the draft's positions without their own paths' tokens rejects."""
+    from specdecode import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "path_tokens", lambda tokens, parents: [[]] * (len(tokens) + 1))
+    spec = SpecConfig(k=2)
+    engine = Engine(target, build("prompt-lookup", target, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES, PENALIZED), _exact_penalized(target)) < 1e-4

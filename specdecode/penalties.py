@@ -1,0 +1,68 @@
+"""Logits that depend on the context beyond the model: OpenAI's logit_bias, presence and frequency penalties and
+the repetition penalty of transformers and vLLM, applied to every position a verify pass scores.
+
+Each position of a draft tree predicts the token after its own path, so its context is the committed tokens plus
+the draft tokens from the root to it. Its counts are built as integers, exactly as plain decoding would count the
+same context, and every transform is elementwise, so a position's logits are the bits plain decoding computes
+there: greedy output stays equal to plain greedy decoding with the same settings, and sampling samples the
+penalized distribution exactly (the verifier's p). In order, as vLLM applies them:
+    x += logit_bias[t]
+    x = x / r if x > 0 else x * r          for t in the prompt or the generated text (repetition penalty r)
+    x -= frequency * count(t) + presence * (count(t) > 0)    over the generated tokens only
+Written here rather than taken from transformers' LogitsProcessors, which see one context per row and so
+cannot score a tree's positions, each with its own path."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .config import ConfigError, SamplingConfig
+
+
+def check_bias(sampling: SamplingConfig, vocab: int) -> None:
+    """A logit_bias token outside the vocabulary is a ConfigError (a 400 in the server)."""
+    for token, _ in sampling.logit_bias:
+        if token >= vocab:
+            raise ConfigError(f"logit_bias token {token} is outside the vocabulary ({vocab} tokens)")
+
+
+def path_tokens(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+    """The draft tokens on the path to each position of a verify block: [] for the root (position 0), then for
+    draft node j (position j + 1) its parent's path plus its own token. parents: -1 for the root's children.
+
+    Example: tokens [5, 6, 7], parents [-1, 0, -1] -> [[], [5], [5, 6], [7]]."""
+    paths: list[list[int]] = [[]]
+    for token, parent in zip(tokens, parents):
+        paths.append(paths[parent + 1] + [token])
+    return paths
+
+
+@torch.inference_mode()  # the target's outputs are inference tensors, written in place
+def penalize(logits: torch.Tensor, sampling: SamplingConfig, prompt: Sequence[int], output: Sequence[int],
+             paths: Sequence[Sequence[int]]) -> None:
+    """logits: [len(paths), vocab], position i scoring the token after `prompt + output + paths[i]`; changed in
+    place. output: the generated tokens so far (the block's root among them)."""
+    if not sampling.penalized:
+        return
+    rows, vocab = logits.shape
+    device = logits.device
+    if sampling.logit_bias:
+        ids = torch.tensor([t for t, _ in sampling.logit_bias], device=device)
+        logits[:, ids] += torch.tensor([b for _, b in sampling.logit_bias], device=device, dtype=logits.dtype)
+    counts = torch.zeros(rows, vocab, device=device)  # [rows, vocab] generated-token counts per position
+    counts += torch.bincount(torch.tensor(list(output), dtype=torch.long), minlength=vocab).to(device)[:vocab]
+    for i, path in enumerate(paths):
+        if path:
+            counts[i].index_put_((torch.tensor(list(path), device=device),), torch.ones(len(path), device=device),
+                                 accumulate=True)
+    if sampling.repetition_penalty != 1.0:
+        seen = counts > 0  # [rows, vocab]
+        if prompt:
+            seen[:, torch.tensor(list(prompt), device=device)] = True
+        r = sampling.repetition_penalty
+        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
+    if sampling.frequency_penalty:
+        logits -= sampling.frequency_penalty * counts
+    if sampling.presence_penalty:
+        logits -= sampling.presence_penalty * (counts > 0).to(logits.dtype)
