@@ -45,24 +45,36 @@ def penalize(logits: torch.Tensor, sampling: SamplingConfig, prompt: Sequence[in
     place. output: the generated tokens so far (the block's root among them)."""
     if not sampling.penalized:
         return
-    rows, vocab = logits.shape
+    rows = logits.shape[0]
     device = logits.device
     if sampling.logit_bias:
         ids = torch.tensor([t for t, _ in sampling.logit_bias], device=device)
         logits[:, ids] += torch.tensor([b for _, b in sampling.logit_bias], device=device, dtype=logits.dtype)
-    counts = torch.zeros(rows, vocab, device=device)  # [rows, vocab] generated-token counts per position
-    counts += torch.bincount(torch.tensor(list(output), dtype=torch.long), minlength=vocab).to(device)[:vocab]
+    # only the columns of tokens that occur change (a count of 0 subtracts exactly 0): [rows, C] of them
+    repeat = sampling.repetition_penalty != 1.0
+    touched = set(output).union(*map(set, paths), set(prompt) if repeat else ())
+    if not touched:
+        return
+    cols = torch.tensor(sorted(touched), device=device)  # [C]
+
+    def at(tokens: Sequence[int]) -> torch.Tensor:  # tokens -> their column indices
+        return torch.searchsorted(cols, torch.tensor(list(tokens), dtype=torch.long, device=device))
+
+    counts = torch.zeros(rows, len(cols), device=device)  # [rows, C] generated-token counts per position
+    if output:
+        counts += torch.bincount(at(output), minlength=len(cols)).to(counts.dtype)
     for i, path in enumerate(paths):
         if path:
-            counts[i].index_put_((torch.tensor(list(path), device=device),), torch.ones(len(path), device=device),
-                                 accumulate=True)
-    if sampling.repetition_penalty != 1.0:
-        seen = counts > 0  # [rows, vocab]
+            counts[i].index_put_((at(path),), torch.ones(len(path), device=device), accumulate=True)
+    sub = logits[:, cols]  # [rows, C]
+    if repeat:
+        seen = counts > 0
         if prompt:
-            seen[:, torch.tensor(list(prompt), device=device)] = True
+            seen[:, at(prompt)] = True
         r = sampling.repetition_penalty
-        logits.copy_(torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits))
+        sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
     if sampling.frequency_penalty:
-        logits -= sampling.frequency_penalty * counts
+        sub = sub - sampling.frequency_penalty * counts
     if sampling.presence_penalty:
-        logits -= sampling.presence_penalty * (counts > 0).to(logits.dtype)
+        sub = sub - sampling.presence_penalty * (counts > 0).to(sub.dtype)
+    logits[:, cols] = sub
