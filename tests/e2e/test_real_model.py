@@ -72,6 +72,27 @@ def test_real_greedy_equals_plain(name, default_target, chat_ids, references, sm
         assert result.token_ids == references[key], f"{name} diverged from plain greedy on the {key} prompt"
 
 
+@pytest.fixture(scope="module")
+def repetition_references(default_model, chat_ids):
+    """transformers' greedy generate with its repetition penalty (prompt and generated tokens, as ours)."""
+    model = default_model.model
+    return {key: model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                repetition_penalty=1.3)[0, len(ids):].tolist() for key, ids in chat_ids.items()}
+
+
+@pytest.mark.parametrize("name", ["none", "prompt-lookup", "suffix", "lookahead", "eagle"])
+def test_real_greedy_with_repetition_penalty_equals_transformers(name, default_target, chat_ids, references,
+                                                                 repetition_references):
+    """penalties.py against an independent implementation: transformers' RepetitionPenaltyLogitsProcessor."""
+    spec = SpecConfig(k=4)
+    engine = Engine(default_target, build_drafter(default_target, DrafterConfig(name=name), spec), spec)
+    sampling = SamplingConfig(repetition_penalty=1.3)
+    for key, ids in chat_ids.items():
+        result = engine.generate(ids, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == repetition_references[key], f"{name} diverged on the {key} prompt"
+    assert repetition_references != references  # the penalty changed the answers
+
+
 def test_prompt_lookup_tau_on_repeat_prompt(default_model):
     decoder = SpecDecoder.load(drafter="prompt-lookup", spec=SpecConfig(pause_on_time=False))  # tau asserted
     passage = ("The river rose slowly through the night, and by morning the old stone bridge stood alone in "
@@ -110,6 +131,27 @@ def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
         assert result.token_ids == reference, f"{name} diverged on the {key} prompt"
         proposed += result.metrics.proposed
     assert proposed > 0, "never drafted: the test would not exercise verification"
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "suffix", "lookahead", "eagle"])
+def test_real_greedy_with_penalties_on_the_int4_model(name, int4_model, chat_ids):
+    """Frequency and presence penalties and a logit bias over the native decoder: every drafter equals plain
+    greedy decoding with the same settings."""
+    from specdecode.drafters import none
+    from specdecode.target import Target
+
+    target = Target(int4_model.model, int4_model.tokenizer)
+    sampling = SamplingConfig(frequency_penalty=0.4, presence_penalty=0.3, logit_bias=((28, -5.0), (30, 2.0)))
+    spec = SpecConfig(k=4, pause_on_time=False)
+    plain = Engine(target, none.SPEC.build(target, DrafterConfig(), SpecConfig()))
+    engine = Engine(target, build_drafter(target, DrafterConfig(name=name, row_cost=0.0), spec), spec)
+    accepted = 0
+    for key, ids in chat_ids.items():
+        reference = plain.generate(ids, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids
+        result = engine.generate(ids, sampling, GenerationConfig(max_new_tokens=NEW_TOKENS))
+        assert result.token_ids == reference, f"{name} diverged on the {key} prompt"
+        accepted += result.metrics.accepted
+    assert accepted > 0, "nothing accepted: deeper positions went unchecked"
 
 
 def test_int4_verify_pass_reproduces_one_token_logits(int4_model):
