@@ -26,8 +26,10 @@ loading prompt's length does not reach the other rows' attention; rows are still
 row in tokens.
 
 KV memory: a request reserves its KV (prompt + max new tokens, Engine.kv_bytes) from `kv_cache_bytes` when it
-is submitted, and gives it back when it leaves. One that can never fit is refused (TooLarge: 413), one that
-does not fit now is refused like a full queue (429), so the cache cannot outgrow its budget. (The budget counts
+is admitted to the batch, and gives it back when it leaves. One that can never fit is refused (TooLarge: 413);
+one that does not fit now waits in the queue, first come first served (a later, smaller request does not pass
+it, so a long prompt is not starved), and only a full queue is refused (429), as vLLM and TGI queue requests
+for memory; the cache cannot outgrow its budget. (The budget counts
 the target's cache; drafters with caches of their own, and the fast path's static cache, which keeps
 max_batch rows at the largest capacity it has needed, are not counted.)
 
@@ -136,7 +138,7 @@ class Ticket:
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
         self.job = job
-        self.kv_bytes = 0  # reserved from the scheduler's budget at submission
+        self.kv_bytes = 0  # reserved from the scheduler's budget while admitted
         self.arrived = time.perf_counter()
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -226,28 +228,29 @@ class Scheduler:
             free_rows = self.config.max_batch - len(self._active)
             if len(self._pending) >= self.config.max_queue + free_rows:
                 raise QueueFull(f"too many requests waiting ({self.config.max_queue}); retry later")
-            self._reserve_kv(ticket)
+            self._size_kv(ticket)
             self._pending.append(ticket)
             self._wake.notify()
 
-    def _reserve_kv(self, ticket: Ticket) -> None:
-        """Charge the request's KV to the budget (pending and active requests hold theirs), or refuse it."""
+    def _size_kv(self, ticket: Ticket) -> None:
+        """The KV the request will reserve when admitted; refused (TooLarge) when it exceeds the whole budget."""
         job = ticket.job
         need = self.engine.kv_bytes(len(job.prompt_ids), job.generation)
         budget = self.config.kv_cache_bytes
-        if budget is not None:
-            if need > budget:
-                raise TooLarge(f"the prompt ({len(job.prompt_ids)} tokens) and max_tokens "
-                               f"({job.generation.max_new_tokens}) need {need} bytes of KV cache; this server has "
-                               f"{budget}: shorten the prompt or lower max_tokens")
-            if self.kv_reserved + need > budget:
-                raise QueueFull(f"the KV cache is full ({self.kv_reserved} of {budget} bytes reserved); retry later")
+        if budget is not None and need > budget:
+            raise TooLarge(f"the prompt ({len(job.prompt_ids)} tokens) and max_tokens "
+                           f"({job.generation.max_new_tokens}) need {need} bytes of KV cache; this server has "
+                           f"{budget}: shorten the prompt or lower max_tokens")
         ticket.kv_bytes = need
 
     @property
     def kv_reserved(self) -> int:
-        """KV bytes reserved by pending and active requests."""
-        return sum(t.kv_bytes for t in list(self._pending)) + sum(s.ticket.kv_bytes for s in list(self._active))
+        """KV bytes reserved by the admitted requests."""
+        return sum(s.ticket.kv_bytes for s in list(self._active))
+
+    def _fits(self, ticket: Ticket) -> bool:
+        budget = self.config.kv_cache_bytes
+        return budget is None or self.kv_reserved + ticket.kv_bytes <= budget
 
     def stalled(self) -> str | None:
         """Why the worker is not making progress, or None when it is (see the module docstring)."""
@@ -345,7 +348,7 @@ class Scheduler:
         while len(self._active) < self.config.max_batch:
             with self._wake:
                 self._prune_pending()
-                if not self._pending:
+                if not self._pending or not self._fits(self._pending[0]):  # the head waits for memory to free
                     return
                 ticket = self._pending.popleft()
             job = ticket.job

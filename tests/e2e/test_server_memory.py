@@ -128,9 +128,10 @@ def test_kv_memory_returns_to_baseline_after_a_long_request(long_target):
         assert _kv_bytes(cache) == baseline
 
 
-def test_kv_budget_refuses_what_does_not_fit(long_target):
-    """A request reserves prompt + max_tokens (+ a step's slack) of KV; over the whole budget: 413, over what is
-    left now: 429 with Retry-After; once the holder leaves, the same request is served."""
+def test_kv_budget_queues_what_does_not_fit_now(long_target):
+    """A request reserves prompt + max_tokens (+ a step's slack) of KV; over the whole budget: 413; over what is
+    left now: it waits in the queue and is served once the holder leaves, and a smaller request behind it waits
+    its turn (first come, first served)."""
     engine_bytes = long_target.num_layers * 2 * 2 * 16 * 4  # layers x (k, v) x kv_heads x head_dim x fp32
     budget = 1200 * engine_bytes
     service = tiny_service(long_target, _drafters(long_target), max_batch=4, kv_cache_bytes=budget)
@@ -147,14 +148,29 @@ def test_kv_budget_refuses_what_does_not_fit(long_target):
             "speculation": {"drafter": "none"}}, times, started))
         holder.start()
         assert started.wait(60)
-        now = httpx.post(url, json={"model": MODEL, "prompt": [50] * 500, "max_tokens": 10}, timeout=60)
-        assert now.status_code == 429, now.text
-        assert now.headers["retry-after"] == "1"
-        small = httpx.post(url, json={"model": MODEL, "prompt": [50] * 40, "max_tokens": 10}, timeout=60)
-        assert small.status_code == 200  # what is left still serves what fits
+        replies: dict[str, tuple[float, httpx.Response]] = {}
+
+        def ask(name: str, prompt_len: int) -> None:
+            reply = httpx.post(url, json={"model": MODEL, "prompt": [50] * prompt_len, "max_tokens": 10}, timeout=120)
+            replies[name] = (time.perf_counter(), reply)  # the clock _stream_times uses
+
+        waiting = threading.Thread(target=ask, args=("now", 500))
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while service.scheduler.queued < 1:  # "now" waits for memory
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        behind = threading.Thread(target=ask, args=("small", 40))
+        behind.start()
         holder.join(120)
-        later = httpx.post(url, json={"model": MODEL, "prompt": [50] * 500, "max_tokens": 10}, timeout=60)
-        assert later.status_code == 200, later.text
+        waiting.join(120)
+        behind.join(120)
+        holder_done = times[-1]
+        for name in ("now", "small"):
+            done, reply = replies[name]
+            assert reply.status_code == 200, reply.text
+            assert done > holder_done, f"{name} was served before the holder left"
+        assert service.scheduler.kv_reserved == 0
 
 
 def _gen(max_new: int):
