@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--frequency-penalty", type=float, default=0.0,
                      help="subtract this times the times a token was generated (-2..2, as OpenAI)")
     gen.add_argument("--repetition-penalty", type=float, default=1.0,
-                     help="divide positive / multiply negative logits of prompt and generated tokens (as vLLM)")
+                     help="divide positive / multiply negative logits of prompt and generated tokens (0.01..10, as vLLM)")
     gen.add_argument("--logit-bias", type=_logit_bias, default=(), metavar="ID:BIAS,...",
                      help="add BIAS (-100..100) to token ID's logit (as OpenAI's logit_bias)")
     gen.add_argument("--max-new-tokens", type=int, default=128)

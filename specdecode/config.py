@@ -27,6 +27,7 @@ class OptionError(ConfigError):
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 MAX_GRAMMAR_DRAFT = 48  # forced tokens fit the KV slack a step's block may use (engine.KV_SLACK)
 MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
+REPETITION_PENALTY = (0.01, 10.0)  # a logit divided by a far smaller one overflows to inf (5e-324 did)
 
 
 _NUMBER, _INT, _BOOL, _STRINGS = ((int, float), "a number"), (int, "an integer"), (bool, "True or False"), \
@@ -90,8 +91,9 @@ class SamplingConfig:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ConfigError(f"{name.replace('_', ' ')} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty < math.inf:
-            raise ConfigError(f"repetition penalty must be > 0 and finite, got {self.repetition_penalty}")
+        if not REPETITION_PENALTY[0] <= self.repetition_penalty <= REPETITION_PENALTY[1]:
+            raise ConfigError(f"repetition penalty must be in [{REPETITION_PENALTY[0]}, {REPETITION_PENALTY[1]}], "
+                              f"got {self.repetition_penalty}")
         if self.seed is not None:
             _check_types("sampling", seed=(self.seed, _INT))
             if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:

@@ -8,7 +8,7 @@ there: greedy output stays equal to plain greedy decoding with the same settings
 penalized distribution exactly (the verifier's p). In order, as vLLM applies them:
     x += logit_bias[t]
     x = x / r if x > 0 else x * r          for t in the prompt or the generated text (repetition penalty r)
-    x -= frequency * count(t) + presence * (count(t) > 0)    over the generated tokens only
+    x -= frequency * count(t);  x -= presence * (count(t) > 0)    count(t): times t was generated
 Written here rather than taken from transformers' LogitsProcessors, which see one context per row and so
 cannot score a tree's positions, each with its own path."""
 from __future__ import annotations

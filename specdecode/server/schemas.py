@@ -16,7 +16,7 @@ Structured outputs: `response_format` ({"type": "json_object"} or {"type": "json
 "json_object": ...}` (its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` too); one per
 request. Logprobs: completions' `logprobs: N` and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
 Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_bias` ({"token id": -100..100}),
-and vLLM's `repetition_penalty` (> 0) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
+and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K}` chooses the drafter ("none" disables speculation) and sets
 the request's draft length; `top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance
 rate, drafter, grammar-forced tokens) in responses.
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import MAX_TOP_LOGPROBS, ConfigError, Structure
+from ..config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, ConfigError, Structure
 
 
 class _Request(BaseModel):
@@ -116,7 +116,7 @@ class _Sampling(_Request):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI's) -> bias in [-100, 100]
     min_p: float | None = Field(default=None, ge=0, le=1)  # extension (as in vLLM)
-    repetition_penalty: float | None = Field(default=None, gt=0)  # extension (as in vLLM)
+    repetition_penalty: float | None = Field(default=None, ge=REPETITION_PENALTY[0], le=REPETITION_PENALTY[1])
     # vLLM sampling extensions, accepted only at their neutral value:
     min_tokens: Any = None
     stop_token_ids: Any = None

@@ -69,7 +69,7 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--seed", "1", "--top-k", "5", "hi"], "--top-k, --seed has no effect with greedy decoding"),
     (["generate", "--min-p", "0.1", "hi"], "--min-p has no effect with greedy decoding"),
     (["generate", "--presence-penalty", "3", "hi"], "presence penalty must be in [-2, 2]"),
-    (["generate", "--repetition-penalty", "0", "hi"], "repetition penalty must be > 0"),
+    (["generate", "--repetition-penalty", "0", "hi"], "repetition penalty must be in [0.01, 10.0]"),
     (["generate", "--logit-bias", "5=1", "hi"], "expected ID:BIAS pairs"),
     (["generate", "--logit-bias", "5:1000", "hi"], "biases in [-100, 100]"),
     (["generate", "--logit-bias", "99999999:1", "--max-new-tokens", "2", "hi"], "outside the vocabulary"),

@@ -168,6 +168,7 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": "x", "logprobs": true}', 400, "invalid_value", "logprobs"),  # a count here
     (b'{"model": "tiny", "prompt": "x", "min_p": 1.2}', 400, "invalid_value", "min_p"),
     (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 0}', 400, "invalid_value", "repetition_penalty"),
+    (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 5e-324}', 400, "invalid_value", "repetition_penalty"),
     (b'{"model": "tiny", "prompt": "' + b"x" * 1100 + b'"}', 400, "context_length_exceeded", "prompt"),
 ]
 
