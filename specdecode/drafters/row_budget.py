@@ -42,11 +42,6 @@ class RowCost:
             self._value = self.target.row_cost
         return self._value
 
-    @property
-    def measured(self) -> bool:
-        """Whether the value is known without timing anything now."""
-        return self._value is not None
-
 
 def row_cost_for(target, configured: float | None = None) -> RowCost:
     """The row cost a drafter of this target plans with: `configured`, else the target's measured one (measured
