@@ -19,7 +19,7 @@ from .kv_cache import kv_bytes_per_slot
 from .logprobs import TokenLogprob, token_logprobs
 from .metrics import GenerationMetrics
 from .penalties import check_bias, path_tokens, penalize
-from .sampling import make_generator, probabilities
+from .sampling import greedy_tokens, make_generator, probabilities
 from .speculation import SpeculationLength
 from .structured import Constraint, Grammars, Shaped, mask_logits
 from .target import Target
@@ -387,7 +387,8 @@ class Engine:
     def _verify(self, seqs: list[Sequence], drafts: list[Draft], logits: torch.Tensor) -> list:
         # logits: [b, q, vocab]; row b's first len(draft) + 1 positions are real
         greedy_rows = [b for b, seq in enumerate(seqs) if seq.ctx.sampling.greedy]
-        argmax = logits[greedy_rows].argmax(dim=-1).tolist() if greedy_rows else []
+        rows = logits if len(greedy_rows) == len(seqs) else logits[greedy_rows]  # (no copy when all are greedy)
+        argmax = greedy_tokens(rows).tolist() if greedy_rows else []
         choices = dict(zip(greedy_rows, argmax))
         verdicts = []
         for b, (seq, draft) in enumerate(zip(seqs, drafts)):

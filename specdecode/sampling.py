@@ -52,6 +52,14 @@ def _top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """logits: [..., vocab] -> [...] the index of the largest logit (the first of tied ones, NaN counting as
+    largest), as argmax. Why not argmax: torch's CPU argmax kernel is ~3x slower than max's (over 151,936
+    logits 224 against 73 us; over 49,152 73 against 26 us, on the 2-core VM), once per verify pass and per
+    greedy draft token."""
+    return logits.max(dim=-1).indices
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """probs: [vocab] -> one token id."""
     return int(torch.multinomial(probs, 1, generator=generator).item())

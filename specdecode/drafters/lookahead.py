@@ -22,6 +22,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from ..config import ConfigError, SpecConfig
+from ..sampling import greedy_tokens
 from .base import AuxBranch, BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
 from .row_budget import DepthPolicy, RowCost, Yield, row_cost_for
 
@@ -212,7 +213,7 @@ class Lookahead(BaseDrafter):
     def observe_aux(self, seq: SequenceContext, logits: torch.Tensor) -> None:
         # logits: [(N-1) * W, vocab]; the last level's argmax is the new level
         c, state = self.config, seq.state
-        last = logits[(c.ngram - 2) * c.window :].argmax(dim=-1).tolist()
+        last = greedy_tokens(logits[(c.ngram - 2) * c.window :]).tolist()
         state.steps += 1
         if state.steps >= c.ngram - 1:  # every level now holds target outputs
             for column in range(c.window):

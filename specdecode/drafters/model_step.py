@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
-from ..sampling import probabilities, sample
+from ..sampling import greedy_tokens, probabilities, sample
 from ..target import Target
 from ..trees import build_block
 
@@ -19,7 +19,7 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
     logits = logits[:vocab]
     if sampling.greedy:
         if not confidence:
-            return int(logits.argmax()), None, 1.0
+            return int(greedy_tokens(logits)), None, 1.0
         probs = logits.float().softmax(-1)
         top, token = probs.max(-1)
         return int(token), None, float(top)

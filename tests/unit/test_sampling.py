@@ -158,3 +158,14 @@ def test_pause_backs_off_while_retries_fail_and_resets_once_one_pays():
 def test_pause_config_checked():
     with pytest.raises(ConfigError):
         SpecConfig(pause_window=0)
+
+
+def test_greedy_tokens_pick_as_argmax():
+    """max's index (faster on the CPU) picks what argmax picks: the first of tied maxima, NaN as the largest."""
+    from specdecode.sampling import greedy_tokens
+
+    torch.manual_seed(0)
+    cases = [torch.tensor([1.0, 3, 3, 2]), torch.tensor([1.0, float("nan"), 3, float("nan")]),
+             torch.full((4,), float("-inf")), torch.randint(0, 3, (3, 9, 300)).float(), torch.randn(2, 151936)]
+    for x in cases:
+        assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
