@@ -138,6 +138,7 @@ class PackedDecoder:
         self.hidden, self.inter = config.hidden_size, config.intermediate_size
         self._keep: list[torch.Tensor] = []  # norm weights in float32, alive as long as the structs point at them
         self.layers = [self._layer(layer, config) for layer in inner.layers]
+        self._layer_table = (ctypes.c_void_p * len(self.layers))(*map(ctypes.addressof, self.layers))  # for C
         norm = self.norm.weight.detach().float().contiguous()
         self._keep.append(norm)
         self._norm_weight = norm
@@ -188,13 +189,9 @@ class PackedDecoder:
         like = x.new_empty(1, self.kv_heads, 0, self.head_dim, dtype=self.kv_dtype)
         layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
         pointers = cache.row_pointers(len(layers), ends, like)  # [layers, 3, b]: keys, values, capacities
-        base, row_bytes = pointers.data_ptr(), b * pointers.element_size()
-        shared = (rows_total, b, starts.data_ptr(), cos.data_ptr(), sin.data_ptr())
-        after = (slot_list.data_ptr(), visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
-        x_at, run = x.data_ptr(), self._lib.decoder_layer
-        for index, layer in enumerate(layers):
-            at = base + 3 * index * row_bytes
-            run(ctypes.addressof(layer), x_at, *shared, at, at + row_bytes, at + 2 * row_bytes, *after)
+        self._lib.decoder_layers(self._layer_table, len(layers), x.data_ptr(), rows_total, b, starts.data_ptr(),
+                                 cos.data_ptr(), sin.data_ptr(), pointers.data_ptr(), slot_list.data_ptr(),
+                                 visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
         states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' ~0.3 ms a pass)
         self._lib.rms_norm_rows(x.data_ptr(), self._norm_weight.data_ptr(), self._norm_eps, rows_total, self.hidden,
                                 states.data_ptr())

@@ -468,3 +468,15 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
     linear(&L->down, s, rows, s->out, threads);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
 }
+
+/* Layers L[0..n) in turn, one call from Python rather than n (each a ctypes call of 15 arguments); pointers:
+[n, 3, batch] per layer its rows' key buffers, value buffers and capacities (RollbackCache.row_pointers). */
+void decoder_layers(const decoder_layer_t *const *L, int64_t n, float *x, int64_t rows, int64_t batch,
+                    const int64_t *starts, const float *cos, const float *sin, void *const *pointers,
+                    const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s, int64_t threads) {
+    for (int64_t i = 0; i < n; i++) {
+        void *const *at = pointers + 3 * i * batch;
+        decoder_layer(L[i], x, rows, batch, starts, cos, sin, at, at + batch, (const int64_t *)(at + 2 * batch), slot,
+                      mask, kv_len, s, threads);
+    }
+}

@@ -47,6 +47,7 @@ _SIGNATURES = {
     "gemm_q4_on": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I, _I],
     "gemm_q8_on": [_P, _P, _I, _I, _P, _P, _I, _P, _I, _I],
     "decoder_layer": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I],
+    "decoder_layers": [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _I],
     "rms_norm_rows": [_P, _P, ctypes.c_float, _I, _I, _P],
 }
 
