@@ -15,7 +15,7 @@ from .config import ConfigError, GenerationConfig, OptionError, SamplingConfig, 
 from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, check_options_read
 from .engine import Engine, Result, Sequence, StepOutcome
 from .fast import FastPathConfig
-from .models import load_model
+from .models import check_kv_half, load_model
 from .own_thread import run_in_own_thread
 from .target import Target
 
@@ -39,6 +39,8 @@ class SpecDecoder:
         _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
         if not isinstance(kv_half, bool):
             raise ConfigError(f"kv_half must be True or False, got {kv_half!r}")
+        if kv_half:
+            check_kv_half(weights, fspath(model) if model is not None else None, device)
         if suffix_store is not None and (isinstance(suffix_store, bool) or not isinstance(suffix_store, int)
                                          or suffix_store < 1):
             raise ConfigError(f"suffix_store must be a positive number of tokens or None, got {suffix_store!r}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .config import ConfigError
 from .quant import packed_cache
 from .quant.linear import PackedLinear
 from .quant.native import missing as native_missing
@@ -253,6 +254,19 @@ def resolve_weights(weights: str, spec: str | None, device: str) -> str:
         return resolve(weights, default_weights(name, device), device, fallback=fallback_weights(name))
     except WeightsError as error:
         raise ModelError(str(error)) from None
+
+
+def check_kv_half(weights: str, spec: str | None, device: str) -> None:
+    """Refuses an fp16 KV cache before a model loads where its weights will not be packed (a float format, or
+    not the CPU): only the native decoder stores fp16 keys and values. Target checks again once the model is
+    loaded (an architecture layers.c cannot run)."""
+    fmt = resolve_weights(weights, spec, device)
+    if not str(device).startswith("cpu"):
+        raise ConfigError("an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): "
+                          f"device {device}")
+    if fmt not in QUANTIZED:
+        raise ConfigError("an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): "
+                          f"weights {fmt} are not packed")
 
 
 def model_dtype(spec: str | None, device: str = "cpu") -> str:

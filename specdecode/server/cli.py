@@ -86,7 +86,7 @@ def build_service(args: argparse.Namespace, api_key: str | None = None):
 def _build_service(args: argparse.Namespace, api_key: str | None):
     from ..cli_args import default_dtype, fast_config, spec_config
     from ..drafters import build_drafter
-    from ..models import load_model
+    from ..models import check_kv_half, load_model
     from ..target import Target
     from .app import ServerConfig, build_service as build
     from .policy import SpecPolicy, builtin_table, calibrate
@@ -98,6 +98,8 @@ def _build_service(args: argparse.Namespace, api_key: str | None):
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
+    if args.kv_cache_dtype == "fp16":
+        check_kv_half(args.weights, args.model, args.device)
     loaded = load_model(args.model, device=args.device, dtype=default_dtype(args), weights=args.weights)
     fast = fast_config(args)  # --compile: graphs are compiled per (batch size, block bucket) as they first occur
     target = Target(loaded.model, loaded.tokenizer, fast, kv_half=args.kv_cache_dtype == "fp16")
