@@ -2,6 +2,13 @@
 (Leviathan et al. 2023). It keeps its own rollback cache; after each step it re-feeds only the committed
 tokens it has not seen (the longest common prefix with what it cached is kept).
 
+On the CPU a draft ends where one more token no longer pays (row_budget.ChainBudget): the draft's top
+probabilities estimate how far it will be accepted, and this machine's measured costs of a draft pass and of each
+verify row price it; k is the most it drafts. A given `confidence` threshold ends drafts instead. Off the CPU
+passes are flat and a draft is k tokens long. A seeded sampled sequence drafts k tokens too: its random draws
+depend on its drafts, and a seed must give the same text whatever the timings (as `suffix` keeps such a sequence
+off its shared store).
+
 A row of that cache outlives its sequence with the tokens it holds, and a new sequence takes the free row whose
 tokens share the longest prefix with its prompt, so the draft prefills only the rest: a chat's next turn, or
 any request under the same system prompt (the Qwen 0.5B prefills ~5 ms a token on the 2-core CPU). Reusing
@@ -16,7 +23,9 @@ import torch
 from ..config import ConfigError, OptionError, SpecConfig
 from ..int8_draft import draft_format
 from ..models import load_model
+from ..pass_cost import measure_chain_costs
 from ..target import Target
+from .row_budget import ChainBudget
 from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext, common_prefix
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model_step import choose, feed_chain
@@ -37,12 +46,12 @@ class DraftModel(RowStateDrafter):
     name = "draft-model"
     state_type = _State
 
-    def __init__(self, draft: Target, target: Target, confidence: float = 0.0):
+    def __init__(self, draft: Target, target: Target, confidence: float = 0.0, budget: ChainBudget | None = None):
         if not same_tokenizer(draft.tokenizer, target.tokenizer):
             raise ConfigError(
                 "the draft model's tokenizer differs from the target's; cross-tokenizer drafting is not supported"
             )
-        self.draft, self.vocab, self.confidence = draft, target.vocab_size, confidence
+        self.draft, self.vocab, self.confidence, self.budget = draft, target.vocab_size, confidence, budget
         head = draft.model.get_output_embeddings()
         self.shortlist = head if isinstance(head, ShortlistHead) else None
         self.cache = draft.new_cache(rows=1, capacity=256)
@@ -82,14 +91,17 @@ class DraftModel(RowStateDrafter):
         logits = self._forward(state, seq.tokens[keep:])
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        seeded = seq.sampling.seed is not None and not seq.sampling.greedy
+        walk = self.budget.start() if self.budget is not None and not seeded else None
         while True:
-            token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab, bool(self.confidence))
-            if self.confidence and top < self.confidence:
+            token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab,
+                                   bool(self.confidence) or walk is not None)
+            if (self.confidence and top < self.confidence) or (walk is not None and not walk.keep(top)):
                 break
             tokens.append(token)
             if q is not None:
                 qs.append(q)
-            if len(tokens) == seq.k:
+            if len(tokens) == seq.k or (walk is not None and not walk.go_on(top)):
                 break
             logits = self._forward(state, [token])
         return Draft.chain(tokens, torch.stack(qs) if qs else None)
@@ -110,7 +122,12 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
     size = shortlist_size(config.draft_vocab, head)
     if size is not None:  # before Target reads the head
         loaded.model.set_output_embeddings(ShortlistHead(head, size))
-    return DraftModel(Target(loaded.model, loaded.tokenizer), target, spec.confidence)
+    draft = Target(loaded.model, loaded.tokenizer)
+    budget = None
+    if target.device.type == "cpu" and not spec.confidence:  # a given threshold stops drafts instead
+        depth = spec.max_k if spec.adaptive else spec.k
+        budget = ChainBudget(lambda: measure_chain_costs(draft, target, depth))
+    return DraftModel(draft, target, spec.confidence, budget)
 
 
 SPEC = DrafterSpec("draft-model", _build, "an independent smaller LM (any tokenizer: a different one drafts via text)",

@@ -15,7 +15,7 @@ one token now and then, at doubling intervals, so a change is noticed.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 PRIOR_TRIES = 2  # weight of the prior rates, in proposals: a fresh sequence's own results soon outweigh them
 MAX_BACKOFF = 8  # probe intervals double up to this many times probe_every
@@ -155,3 +155,61 @@ class DepthPolicy:
 
     def add(self, kind, drafted: int, accepted: int) -> None:
         self.kinds[kind].add(drafted, accepted)
+
+
+
+class ChainBudget:
+    """Where a drafter that pays a pass per drafted token (a draft model) should stop, from the draft's own
+    confidence: with P_j the product of the draft's top probabilities up to token j (its estimate that token j
+    is accepted), a draft of n tokens is worth (1 + P_1 + ... + P_n) tokens for verify(n) + n * draft_pass
+    one-token target passes (verify(n): a pass of 1 + n tokens, measured). A token is kept while its P pays for
+    what its row adds (its pass is spent), and one more pass is taken while the next token, guessed as likely as
+    this one, would pay for its pass and row: so the depth follows the draft's confidence and this machine's
+    costs, where a fixed k or a fixed confidence threshold suits one machine (on AMX a verify row of the Qwen
+    1.5B costs little and 8 tokens pay; on AVX2 rows past 4 cost more). `costs` is called once, on first use: the
+    thread that decodes measures (RowCost's reason)."""
+
+    def __init__(self, costs: Callable[[], tuple[float, Sequence[float]]]):
+        self._costs, self._value = costs, None
+
+    def start(self) -> "ChainWalk":
+        if self._value is None:
+            self._value = self._costs()
+        draft_pass, verify = self._value
+        return ChainWalk(verify, draft_pass)
+
+
+class ChainWalk:
+    """One draft's running sums for ChainBudget: tokens expected (the bonus token counts), draft passes spent.
+    verify[n]: a verify pass with n drafted tokens, in one-token passes (verify[0] = 1); past its end each row
+    costs what its last one did."""
+
+    def __init__(self, verify: Sequence[float], draft_pass: float):
+        self.verify, self.draft_pass = list(verify), draft_pass
+        self.reach, self.tokens, self.kept, self.drafting = 1.0, 1.0, 0, draft_pass
+
+    def _verify(self, n: int) -> float:
+        v = self.verify
+        if n < len(v):
+            return v[n]
+        last = v[-1] - v[-2] if len(v) > 1 else 0.0
+        return v[-1] + last * (n - len(v) + 1)
+
+    def keep(self, top: float) -> bool:
+        """Whether the token just drafted with top probability `top` pays for its verify row (counted if so)."""
+        reach = self.reach * top
+        now = self._verify(self.kept) + self.drafting
+        then = self._verify(self.kept + 1) + self.drafting
+        if (self.tokens + reach) * now < self.tokens * then:
+            return False
+        self.reach, self.tokens, self.kept = reach, self.tokens + reach, self.kept + 1
+        return True
+
+    def go_on(self, top: float) -> bool:
+        """Whether one more draft pass pays, its token guessed as likely as the last one (`top`); if so, counted."""
+        now = self._verify(self.kept) + self.drafting
+        then = self._verify(self.kept + 1) + self.drafting + self.draft_pass
+        if (self.tokens + self.reach * top) * now < self.tokens * then:
+            return False
+        self.drafting += self.draft_pass
+        return True

@@ -11,6 +11,7 @@ import torch
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import registry
 from specdecode.drafters.draft_model import DraftModel
+from specdecode.drafters.row_budget import ChainBudget
 from specdecode.drafters.shortlist import ShortlistHead
 from specdecode.engine import Engine
 from specdecode.int8_draft import quantize_linears
@@ -32,13 +33,17 @@ def build(name: str, target: Target, spec: SpecConfig):
             assert quantize_linears(model)
         if name.endswith("shortlist"):  # q is zero beyond the first half of the ids (and the prompt's tokens)
             model.set_output_embeddings(ShortlistHead(model.get_output_embeddings(), VOCAB // 2))
+        if name.endswith("budget"):  # a draft's length follows its drawn tokens: at these costs the first step
+            # keeps its second token in ~70 % of draws, by that token's top probability (0.20-0.61)
+            return DraftModel(Target(model), target, budget=ChainBudget(lambda: (0.0, [1.0, 1.0, 1.06])))
         return DraftModel(Target(model), target)
     # table drafters with free rows: every match drafted in full, so their deterministic drafts are always
     # verified (at a measured CPU row cost they would mostly decline on a random model)
     return tiny_drafter(target, name, spec, exit_layer=1, row_cost=0.0)
 
 
-@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["draft-model-int8", "draft-model-shortlist"])
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["draft-model-int8", "draft-model-shortlist",
+                                                                "draft-model-budget"])
 def test_first_tokens_follow_target(name, target, exact):
     spec = SpecConfig(k=2)
     engine = Engine(target, build(name, target, spec), spec)

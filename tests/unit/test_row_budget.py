@@ -10,7 +10,8 @@ import torch
 from specdecode.config import SamplingConfig
 from specdecode.drafters.base import SequenceContext
 from specdecode.drafters.prompt_lookup import PromptLookup
-from specdecode.drafters.row_budget import DepthPolicy, DepthYield, Probe, RowCost, Yield, row_cost_for
+from specdecode.drafters.row_budget import (ChainWalk, DepthPolicy, DepthYield, Probe, RowCost, Yield,
+                                             row_cost_for)
 from specdecode.own_thread import run_in_own_thread
 from specdecode.pass_cost import measure_row_cost
 
@@ -147,3 +148,65 @@ def test_best_depth_ties_go_deeper():
     """A tie in tokens per cost goes to the deeper draft (free rows on a GPU: propose all that cannot lose)."""
     assert DepthYield((0.5, 0.0)).best_depth(2, 0.0) == 2  # 1.5 tokens per pass either way
     assert DepthYield((0.5, 0.0)).best_depth(2, 0.1) == 1  # the second row costs and earns nothing
+
+
+def _chain_depth(tops: list[float], row_cost: float, pass_cost: float, k: int = 16) -> int:
+    """How many of a draft's tokens ChainWalk keeps, the draft's top probabilities given in order."""
+    walk, kept = ChainWalk([1.0, 1.0 + row_cost], pass_cost), 0  # rows past the curve's end: its last row's cost
+    for top in tops[:k]:
+        if not walk.keep(top):
+            break
+        kept += 1
+        if kept == k or not walk.go_on(top):
+            break
+    return kept
+
+
+@pytest.mark.parametrize("tops, row_cost, pass_cost, depth", [
+    ([0.1] * 8, 0.0, 0.0, 8),  # free rows and passes (a GPU): everything
+    ([0.95] * 12, 0.05, 0.1, 12),  # a confident draft on cheap rows goes deep
+    ([0.95] * 12, 0.2, 0.35, 4),  # the same draft where rows and passes cost more (best fixed depth: 4)
+    ([0.99, 0.99, 0.3, 0.99], 0.05, 0.1, 3),  # an unsure token's pass is spent: kept for its row, no pass after
+    ([0.99, 0.99, 0.05, 0.99], 0.2, 0.1, 2),  # a very unsure one is not worth even its row
+    ([0.6] * 8, 0.2, 0.35, 1),  # (1 + 0.6 + 0.36) / 2.1 < 1.6 / 1.55: no second pass
+    ([0.05], 0.2, 0.35, 0),  # even the first token does not pay for its row
+])
+def test_chain_walk_stops_where_a_token_no_longer_pays(tops, row_cost, pass_cost, depth):
+    assert _chain_depth(tops, row_cost, pass_cost) == depth
+
+
+def test_chain_walk_maximises_tokens_per_pass_for_a_steady_draft():
+    """With every top probability p, the depth it reaches is the best fixed depth by (1 + p + ... + p^n) /
+    (1 + pass_cost + n * row_cost + (n - 1) * pass_cost), within one token (it decides a pass ahead)."""
+    for p in (0.5, 0.7, 0.85, 0.95):
+        for row_cost, pass_cost in ((0.05, 0.1), (0.15, 0.3), (0.3, 0.4)):
+            value = [sum(p ** j for j in range(n + 1)) / (1 + pass_cost + n * row_cost + max(n - 1, 0) * pass_cost)
+                     for n in range(17)]
+            best = max(range(17), key=value.__getitem__)
+            assert abs(_chain_depth([p] * 16, row_cost, pass_cost) - best) <= 1, (p, row_cost, pass_cost)
+
+
+def _walk(curve: list[float], draft_pass: float, tops: list[float]) -> int:
+    walk, kept = ChainWalk(curve, draft_pass), 0
+    for top in tops:
+        if not walk.keep(top):
+            break
+        kept += 1
+        if not walk.go_on(top):
+            break
+    return kept
+
+
+def test_chain_walk_reads_a_measured_curve():
+    """Where the first rows are free and later ones dear (as on AVX2), a confident draft stops where rows turn
+    dear: depth 2 here, the best by the curve; a line through the curve's ends (0.3 a row) would make it 4."""
+    curve = [1.0, 1.0, 1.0, 1.5, 2.0, 2.5]
+
+    def value(verify, n):
+        return sum(0.9 ** j for j in range(n + 1)) / (verify(n) + 0.1 * max(n, 1))
+
+    best = max(range(9), key=lambda n: value(lambda m: curve[m] if m < 6 else 2.5 + 0.5 * (m - 5), n))
+    line = max(range(9), key=lambda n: value(lambda m: 1 + 0.3 * m, n))
+    assert (best, line) == (2, 4)
+    assert _walk(curve, 0.1, [0.9] * 8) == best
+    assert _walk([1.0, 1.3], 0.1, [0.9] * 8) == line
