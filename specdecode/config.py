@@ -110,6 +110,12 @@ class SamplingConfig:
         return self.temperature == 0
 
     @property
+    def seeded(self) -> bool:
+        """A seeded sampled sequence: its random draws depend on its drafts, so nothing timed or shared between
+        requests may shape its drafts (a seed must give the same text whatever ran before)."""
+        return self.seed is not None and not self.greedy
+
+    @property
     def penalized(self) -> bool:
         """Whether the logits depend on the context beyond the model (penalties or a bias): see penalties.py."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0

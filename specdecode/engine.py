@@ -366,7 +366,7 @@ class Engine:
                 # first step is not timed either: its drafter reads the prompt then (a draft model prefills it,
                 # ~0.4 s for the Qwen pair), a one-off cost that would make the first window look slow. The
                 # drafter's own draft is judged: tokens the grammar forced say nothing of it
-                seeded = seq.ctx.sampling.seed is not None and not seq.ctx.sampling.greedy
+                seeded = seq.ctx.sampling.seeded
                 seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
                                   seconds=None if seeded or opening else finished - began, committed=len(done.tokens))
             outcomes.append(StepOutcome(done.tokens, done.text, seq.ctx.k, draft.depth, len(verdict.accepted),

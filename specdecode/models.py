@@ -261,12 +261,10 @@ def check_kv_half(weights: str, spec: str | None, device: str) -> None:
     not the CPU): only the native decoder stores fp16 keys and values. Target checks again once the model is
     loaded (an architecture layers.c cannot run)."""
     fmt = resolve_weights(weights, spec, device)
-    if not str(device).startswith("cpu"):
-        raise ConfigError("an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): "
-                          f"device {device}")
-    if fmt not in QUANTIZED:
-        raise ConfigError("an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): "
-                          f"weights {fmt} are not packed")
+    why = (f"device {device}" if not str(device).startswith("cpu")
+           else f"weights {fmt} are not packed" if fmt not in QUANTIZED else None)
+    if why:
+        raise ConfigError(f"an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): {why}")
 
 
 def model_dtype(spec: str | None, device: str = "cpu") -> str:

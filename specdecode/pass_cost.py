@@ -61,7 +61,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-
 def measure_chain_costs(draft, target, depth: int, rounds: int = 2) -> tuple[float, list[float]]:
     """What a draft model's chain of up to `depth` tokens costs, in the target's one-token passes over caches of
     32 tokens: (one draft pass, [a verify pass of 1 + n tokens for n = 0..depth]). The verify curve is measured,

@@ -25,10 +25,10 @@ from ..int8_draft import draft_format
 from ..models import load_model
 from ..pass_cost import measure_chain_costs
 from ..target import Target
-from .row_budget import ChainBudget
 from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext, common_prefix
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model_step import choose, feed_chain
+from .row_budget import ChainBudget
 from .shortlist import ShortlistHead, shortlist_size
 
 
@@ -91,8 +91,7 @@ class DraftModel(RowStateDrafter):
         logits = self._forward(state, seq.tokens[keep:])
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        seeded = seq.sampling.seed is not None and not seq.sampling.greedy
-        walk = self.budget.start() if self.budget is not None and not seeded else None
+        walk = self.budget.start() if self.budget is not None and not seq.sampling.seeded else None
         while True:
             token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab,
                                    bool(self.confidence) or walk is not None)

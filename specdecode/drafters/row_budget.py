@@ -157,7 +157,6 @@ class DepthPolicy:
         self.kinds[kind].add(drafted, accepted)
 
 
-
 class ChainBudget:
     """Where a drafter that pays a pass per drafted token (a draft model) should stop, from the draft's own
     confidence: with P_j the product of the draft's top probabilities up to token j (its estimate that token j
@@ -195,21 +194,23 @@ class ChainWalk:
         last = v[-1] - v[-2] if len(v) > 1 else 0.0
         return v[-1] + last * (n - len(v) + 1)
 
+    def _pays(self, reach: float, extra_pass: float) -> bool:
+        """Whether a token of this reach, costing one more verify row and `extra_pass`, raises tokens per pass."""
+        now = self._verify(self.kept) + self.drafting
+        then = self._verify(self.kept + 1) + self.drafting + extra_pass
+        return (self.tokens + reach) * now >= self.tokens * then
+
     def keep(self, top: float) -> bool:
         """Whether the token just drafted with top probability `top` pays for its verify row (counted if so)."""
         reach = self.reach * top
-        now = self._verify(self.kept) + self.drafting
-        then = self._verify(self.kept + 1) + self.drafting
-        if (self.tokens + reach) * now < self.tokens * then:
+        if not self._pays(reach, 0.0):
             return False
         self.reach, self.tokens, self.kept = reach, self.tokens + reach, self.kept + 1
         return True
 
     def go_on(self, top: float) -> bool:
         """Whether one more draft pass pays, its token guessed as likely as the last one (`top`); if so, counted."""
-        now = self._verify(self.kept) + self.drafting
-        then = self._verify(self.kept + 1) + self.drafting + self.draft_pass
-        if (self.tokens + self.reach * top) * now < self.tokens * then:
+        if not self._pays(self.reach * top, self.draft_pass):
             return False
         self.drafting += self.draft_pass
         return True

@@ -180,7 +180,7 @@ class Suffix(BaseDrafter):
         self.drafts = self.hits = 0
 
     def start(self, seq: SequenceContext) -> None:
-        seeded = seq.sampling.seed is not None and not seq.sampling.greedy
+        seeded = seq.sampling.seeded
         local = TokenIndex(self.config.max_match, self.config.candidates)
         local.extend(seq.tokens)
         seq.state = _State(local, not seeded, Learned() if seeded else self.learned)

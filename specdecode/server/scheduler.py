@@ -359,7 +359,7 @@ class Scheduler:
                 ticket.post(Failed(f"could not start generation: {error}"))
                 continue
             self.router.choose(seq.ctx, job.drafter)
-            seeded = job.sampling.seed is not None and not job.sampling.greedy
+            seeded = job.sampling.seeded
             length = DraftLength(job.k, job.drafter != NO_SPECULATION, seeded=seeded)
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
             self._active.append(_Slot(ticket, seq, length))
