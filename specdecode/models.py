@@ -9,8 +9,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -103,7 +107,8 @@ def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float3
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    with _bar_on_terminal_only():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp-", dir=directory.parent))
     try:
@@ -167,6 +172,21 @@ def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32, weig
         raise ModelError(f"model not found: {spec!r} is not a packaged model ({', '.join(PACKAGED)}), a local "
                          "model directory, .gguf file or hub id")
     return spec
+
+
+@contextmanager
+def _bar_on_terminal_only() -> Iterator[None]:
+    """transformers draws its GGUF conversion bar with a plain tqdm that ignores its own progress-bar switch;
+    written to a log or a captured stderr it is ~20 lines, e.g. before a one-line error. Give it tqdm's
+    disable=None (off unless stderr is a terminal) for the conversion only."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    with mock.patch.object(gguf_utils, "tqdm", partial(bar, disable=None)):
+        yield
 
 
 def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | torch.dtype | None = None,

@@ -146,3 +146,20 @@ def test_the_pins_match_the_requirements_file():
     listed = {line.strip() for line in (Path(__file__).parents[2] / "requirements-models.txt").read_text().splitlines()
               if line.strip() and not line.startswith("#")}
     assert listed == {pin for model in model_packages.PACKAGED.values() for pin, _, _ in model.parts}
+
+
+def test_bars_are_drawn_on_a_terminal_only(fake, tmp_path, capsys):
+    """Assembly and transformers' GGUF conversion draw tqdm bars; in a log or a captured stderr (here: capsys,
+    not a terminal) they would be many lines before a one-line error, so they draw nothing there."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from specdecode.models import _bar_on_terminal_only
+
+    gguf_path(fake, tmp_path / "cache")
+    with _bar_on_terminal_only():
+        for _ in gguf_utils.tqdm(range(3), desc="Converting"):
+            pass
+    assert capsys.readouterr().err == ""
+    for _ in gguf_utils.tqdm(range(3), desc="Converting"):  # the control: unpatched it draws
+        pass
+    assert "Converting" in capsys.readouterr().err
