@@ -42,6 +42,14 @@ class RowCost:
             self._value = self.target.row_cost
         return self._value
 
+    def planned(self, seeded: bool) -> float:
+        """The cost a sequence plans with: a seeded sampled one (SamplingConfig.seeded) never the measured
+        cost, which differs between processes and would change its drafts, its random draws and so its text;
+        it plans with the configured cost, else with free rows."""
+        if seeded:
+            return self.configured if self.configured is not None else 0.0
+        return self.value
+
 
 def row_cost_for(target, configured: float | None = None) -> RowCost:
     """The row cost a drafter of this target plans with: `configured`, else the target's measured one (measured

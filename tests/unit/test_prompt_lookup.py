@@ -29,12 +29,12 @@ def test_incremental_extension_matches_batch():
     assert once.latest == grown.latest
 
 
-def _propose(drafter, tokens: list[int], k: int = 5):
+def _propose(drafter, tokens: list[int], k: int = 5, sampling=None):
     from specdecode.config import SamplingConfig
     from specdecode.drafters.base import SequenceContext
     import torch
 
-    seq = SequenceContext(0, list(tokens), 0, k, SamplingConfig(), torch.Generator())
+    seq = SequenceContext(0, list(tokens), 0, k, sampling or SamplingConfig(), torch.Generator())
     drafter.start(seq)
     return seq, drafter.propose([seq])[0]
 
@@ -50,6 +50,26 @@ def test_depth_follows_the_match_length_on_a_cpu():
     assert len(_propose(cpu, one)[1].tokens) == 1
     assert len(_propose(cpu, three)[1].tokens) == 5
     assert len(_propose(gpu, one)[1].tokens) == 5
+
+
+def test_a_seeded_sequence_never_plans_with_the_measured_cost():
+    """The measured row cost differs between processes; a seeded sampled sequence's drafts (so its random draws,
+    so its text) must not: it plans with the configured cost, else free rows. Unseeded ones use the measure."""
+    from specdecode.config import SamplingConfig
+    from specdecode.drafters.prompt_lookup import PromptLookup
+    from specdecode.drafters.row_budget import RowCost
+
+    class Measured:
+        row_cost = 0.13
+
+    one = [9, 1, 2, 3, 4, 5, 6, 7, 8, 1]  # only (1,) recurs: one token at the CPU's cost, 5 with free rows
+    seeded, unseeded = SamplingConfig(temperature=1.0, seed=3), SamplingConfig(temperature=1.0)
+    drafter = PromptLookup(row_cost=RowCost(Measured()))
+    assert len(_propose(drafter, one, sampling=unseeded)[1].tokens) == 1
+    assert len(_propose(drafter, one, sampling=seeded)[1].tokens) == 5
+    assert len(_propose(drafter, one, sampling=SamplingConfig(seed=3))[1].tokens) == 1  # greedy: not seeded
+    assert len(_propose(PromptLookup(row_cost=RowCost(Measured(), 0.13)), one, sampling=seeded)[1].tokens) == 1
+    assert RowCost(Measured()).planned(True) == 0.0 and RowCost(Measured()).planned(False) == 0.13
 
 
 def test_depth_learns_from_results():
