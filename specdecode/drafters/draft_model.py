@@ -91,7 +91,7 @@ class DraftModel(RowStateDrafter):
         logits = self._forward(state, seq.tokens[keep:])
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        walk = self.budget.start() if self.budget is not None and not seq.sampling.seeded else None
+        walk = self.budget.walk(seq.sampling.seeded) if self.budget is not None else None
         while True:
             token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab,
                                    bool(self.confidence) or walk is not None)

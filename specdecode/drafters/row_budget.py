@@ -174,10 +174,16 @@ class ChainBudget:
     this one, would pay for its pass and row: so the depth follows the draft's confidence and this machine's
     costs, where a fixed k or a fixed confidence threshold suits one machine (on AMX a verify row of the Qwen
     1.5B costs little and 8 tokens pay; on AVX2 rows past 4 cost more). `costs` is called once, on first use: the
-    thread that decodes measures (RowCost's reason)."""
+    thread that decodes measures (RowCost's reason). measured: the costs are timed on this machine, so a seeded
+    sampled sequence must not plan with them (RowCost.planned's reason) and drafts k tokens; given costs
+    (measured=False) are the same in every process and size its drafts too."""
 
-    def __init__(self, costs: Callable[[], tuple[float, Sequence[float]]]):
-        self._costs, self._value = costs, None
+    def __init__(self, costs: Callable[[], tuple[float, Sequence[float]]], measured: bool = True):
+        self._costs, self._value, self.measured = costs, None, measured
+
+    def walk(self, seeded: bool) -> "ChainWalk | None":
+        """A new draft's walk; None (draft k tokens) for a seeded sampled sequence when the costs are measured."""
+        return None if seeded and self.measured else self.start()
 
     def start(self) -> "ChainWalk":
         if self._value is None:

@@ -21,9 +21,15 @@ from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
 from tests.tiny import tiny_drafter
 from tests.tiny import tiny_llama
-from tests.stats.two_tokens import PROMPT, VOCAB, exact_pairs, sample_pairs, tiny_target
+from tests.stats.two_tokens import PROMPT, SAMPLING, VOCAB, exact_pairs, sample_pairs, tiny_target
 
 SAMPLES = 1000
+
+
+def GIVEN_COSTS() -> ChainBudget:
+    """Draft passes free, a second verify row at 0.06 of a pass: given, not measured, so seeded draws (the
+    samples below) use it too, and a draft's second token is kept or not by the drawn tokens' probabilities."""
+    return ChainBudget(lambda: (0.0, [1.0, 1.0, 1.06]), measured=False)
 
 
 def build(name: str, target: Target, spec: SpecConfig):
@@ -33,9 +39,8 @@ def build(name: str, target: Target, spec: SpecConfig):
             assert quantize_linears(model)
         if name.endswith("shortlist"):  # q is zero beyond the first half of the ids (and the prompt's tokens)
             model.set_output_embeddings(ShortlistHead(model.get_output_embeddings(), VOCAB // 2))
-        if name.endswith("budget"):  # a draft's length follows its drawn tokens: at these costs the first step
-            # keeps its second token in ~70 % of draws, by that token's top probability (0.20-0.61)
-            return DraftModel(Target(model), target, budget=ChainBudget(lambda: (0.0, [1.0, 1.0, 1.06])))
+        if name.endswith("budget"):  # a draft's length follows its drawn tokens (test_the_budget_ends_seeded_drafts)
+            return DraftModel(Target(model), target, budget=GIVEN_COSTS())
         return DraftModel(Target(model), target)
     # table drafters with free rows: every match drafted in full, so their deterministic drafts are always
     # verified (at a measured CPU row cost they would mostly decline on a random model)
@@ -49,6 +54,20 @@ def test_first_tokens_follow_target(name, target, exact):
     engine = Engine(target, build(name, target, spec), spec)
     pairs = sample_pairs(engine, SAMPLES)
     assert chi2_pvalue(pairs, exact) > 1e-3
+
+
+def test_the_budget_ends_seeded_drafts(target):
+    """The budget case above is not k-token drafts in disguise: over the seeded draws it samples, the first
+    step's draft (k 2, not cut by the length) is 1 or 2 tokens, the second kept or dropped by its drawn
+    probability (~30 % dropped)."""
+    spec = SpecConfig(k=2)
+    engine = Engine(target, build("draft-model-budget", target, spec), spec)
+    firsts = []
+    for seed in range(60):
+        steps = engine.stream(PROMPT, dataclasses.replace(SAMPLING, seed=seed), GenerationConfig(max_new_tokens=3,
+                                                                                                  stop_on_eos=False))
+        firsts.append(next(out.depth for _, out in steps))
+    assert set(firsts) == {1, 2}
 
 
 # far from temperature 1 (and with top-k), where a q or p that missed the transform is far from the right one
