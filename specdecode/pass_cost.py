@@ -10,6 +10,7 @@ import statistics
 import time
 from typing import Literal, Sequence
 
+import numpy
 import torch
 
 from .trees import build_block
@@ -74,11 +75,5 @@ def measure_chain_costs(draft, target, depth: int, rounds: int = 2) -> tuple[flo
     seconds = time_passes(target, [(1, w) for w in widths], context=32, rounds=rounds)
     one = seconds[1, 1]
     draft_pass = time_passes(draft, [(1, 1)], context=32, rounds=rounds)[1, 1] / one
-    curve = []
-    for w in range(1, depth + 2):
-        lo = max(v for v in widths if v <= w)
-        hi = min(v for v in widths if v >= w)
-        t_lo, t_hi = seconds[1, lo], seconds[1, hi]
-        t = t_lo if hi == lo else t_lo + (t_hi - t_lo) * (w - lo) / (hi - lo)
-        curve.append(max(t, one) / one)
-    return draft_pass, curve
+    between = numpy.interp(range(1, depth + 2), widths, [seconds[1, w] for w in widths])
+    return draft_pass, [max(float(t), one) / one for t in between]

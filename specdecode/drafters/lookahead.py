@@ -153,7 +153,6 @@ class _State:
     proposed: Candidate | None = None  # the first candidate of the draft in flight
     proposed_depth: int = 0  # ... and how many of its tokens were drafted
     window_ran: bool = False  # the draft in flight carries the window
-    row_cost: float = 0.0  # RowCost.planned: the measured cost, a seeded sampled sequence's fixed one
 
 
 class Lookahead(BaseDrafter):
@@ -177,9 +176,9 @@ class Lookahead(BaseDrafter):
         rng = random.Random(c.seed)
         guesses = seq.tokens or [0]
         levels = [[rng.choice(guesses) for _ in range(c.window)] for _ in range(c.ngram - 1)]
-        row_cost = self._cost.planned(seq.sampling.seeded)
+        depths = DepthPolicy(PRIOR_RATES, self._cost.planned(seq.sampling.seeded), c.probe_every)
         seq.state = _State(pool, levels, indexed=len(seq.tokens), aux_parents=window_parents(c.window, c.ngram - 1),
-                           depths=DepthPolicy(PRIOR_RATES, row_cost, c.probe_every), row_cost=row_cost)
+                           depths=depths)
 
     def max_nodes(self, k: int) -> int:
         """Largest block after the root at speculation length k: candidates plus the Jacobi window."""
@@ -206,7 +205,7 @@ class Lookahead(BaseDrafter):
             state.proposed, state.proposed_depth = chains[0][0], len(chains[0][1])
         tokens, parents = candidate_tree([chain for _, chain in chains], seq.k)
         rows = c.window * (c.ngram - 1)
-        state.window_ran = rows > 0 and (c.every_step or state.window.worth(rows, state.row_cost, c.probe_every))
+        state.window_ran = rows > 0 and (c.every_step or state.window.worth(rows, state.depths.row_cost, c.probe_every))
         if not state.window_ran:
             return Draft(tokens, parents) if tokens else Draft()
         aux = AuxBranch(tuple(t for level in state.levels for t in level), state.aux_parents)

@@ -76,7 +76,8 @@ class PromptLookup(BaseDrafter):
 
     def start(self, seq: SequenceContext) -> None:
         priors = {n: PRIOR_RATES[min(n, 3)] for n in range(self.min_n, self.max_n + 1)}
-        seq.state = _State(NgramIndex(self.min_n, self.max_n), DepthPolicy(priors, self._cost.planned(seq.sampling.seeded)))
+        depths = DepthPolicy(priors, self._cost.planned(seq.sampling.seeded))
+        seq.state = _State(NgramIndex(self.min_n, self.max_n), depths)
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         drafts = []
