@@ -133,11 +133,14 @@ def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float3
 def converted_gguf_dir(gguf: Path, dtype: torch.dtype = torch.float32, weights: bool = True) -> Path:
     """The cached HF copy of a GGUF in `dtype`, (re)built when missing, partial or corrupt (weights=False: its
     weights are not checked, for a load that will not read them)."""
+    from safetensors import SafetensorError
+
     directory = _gguf_cache_dir(gguf, dtype)
     if not _cache_is_valid(directory, weights):
         try:
             _convert_gguf(gguf, directory, dtype)
-        except (OSError, ValueError, KeyError) as error:  # not a GGUF, or one transformers cannot convert
+        # not a GGUF, one transformers cannot convert, or the copy cannot be written (a full disk)
+        except (OSError, ValueError, KeyError, SafetensorError) as error:
             raise ModelError(f"could not convert {str(gguf)!r}: {_first_line(error)}") from error
     return directory
 

@@ -163,3 +163,21 @@ def test_bars_are_drawn_on_a_terminal_only(fake, tmp_path, capsys):
     for _ in gguf_utils.tqdm(range(3), desc="Converting"):  # the control: unpatched it draws
         pass
     assert "Converting" in capsys.readouterr().err
+
+
+def test_a_full_disk_while_converting_is_one_line(tmp_path, monkeypatch):
+    """The first load writes a converted copy (~6 GB for the Qwen 1.5B): a full disk is a one-line ModelError,
+    not safetensors' own exception and its traceback."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from specdecode import models
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(safetensors.torch, "save_model", full)
+    with pytest.raises(models.ModelError, match="No space left on device") as raised:
+        models.converted_gguf_dir(models.packaged_gguf_path())
+    assert "\n" not in str(raised.value)
