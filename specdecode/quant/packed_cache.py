@@ -7,8 +7,8 @@ saved tensors in place and never read the float copy: a few seconds, and a peak 
 
 The file is `torch.save` of plain tensors (loaded with `weights_only=True`, read into memory rather than
 mapped, so its pages do not count twice). Its name hashes the source (the converted copy's manifest of
-SHA-256s, or a directory's file names, sizes and times), the format and this packing's code, so a changed
-model or packing never reads a stale file; an unreadable file is rebuilt."""
+SHA-256s less the weights', or a directory's file names, sizes and times), the format and this packing's code,
+so a changed model or packing never reads a stale file; an unreadable file is rebuilt."""
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +33,7 @@ def path_for(source: str, fmt: str, root: Path, extra: str = "") -> Path | None:
         return None
     manifest = directory / "specdecode-manifest.json"
     if manifest.is_file():
-        fingerprint = manifest.read_text()
+        fingerprint = _without_weights(manifest.read_text())
     else:
         fingerprint = json.dumps(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
                                         for p in directory.iterdir() if p.is_file()))
@@ -41,6 +41,18 @@ def path_for(source: str, fmt: str, root: Path, extra: str = "") -> Path | None:
     for part in (str(directory.resolve()), fingerprint, fmt, extra, str(FORMAT), *(p.read_text() for p in _CODE)):
         digest.update(part.encode() + b"\0")
     return root / "packed" / f"{_stem(directory, fmt, extra)}-{digest.hexdigest()[:16]}.pt"
+
+
+def _without_weights(manifest: str) -> str:
+    """A converted copy's manifest less its weights' entries: a copy converted for a packed format has none
+    (models.py), and writing them later for a float load must not make its packed copies stale. The weights are
+    the source GGUF's, which the directory's name and the manifest's other entries already fix."""
+    try:
+        data = json.loads(manifest)
+        data["files"] = {name: digest for name, digest in data["files"].items() if not name.endswith(".safetensors")}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return manifest
+    return json.dumps(data, sort_keys=True)
 
 
 def _stem(directory: Path, fmt: str, extra: str) -> str:

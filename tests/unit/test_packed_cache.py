@@ -73,3 +73,32 @@ def test_a_changed_packing_replaces_the_older_copy(tiny_model_dir, cache_dir, mo
 def test_float_weights_are_not_cached(tiny_model_dir, cache_dir):
     load_model(tiny_model_dir, weights="fp32")
     assert not (cache_dir / "packed").exists()
+
+
+@pytest.mark.slow
+def test_a_gguf_loaded_packed_never_writes_its_float_weights(cache_dir, monkeypatch):
+    """The default GGUF loaded in int4 with an empty cache: the converted copy holds no weights (the Qwen 1.5B's
+    would be 6.2 GB), the second load converts nothing, and a float load writing the weights later leaves the
+    packed copy valid."""
+    from specdecode import models
+
+    first = load_model(None, weights="int4").model
+    [directory] = [p for p in cache_dir.iterdir() if p.name.startswith("SmolLM2")]
+    assert (directory / "config.json").is_file() and not list(directory.glob("*.safetensors"))
+    [packed] = (cache_dir / "packed").glob("*-int4-*.pt")
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(models, "_convert_gguf", no_conversion)
+        second = load_model(None, weights="int4").model
+    assert torch.equal(logits(first), logits(second))
+
+    assert not Target(load_model(None, weights="fp32").model).packed_decoder
+    assert (directory / "model.safetensors").is_file()  # written now that a load reads it
+    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_conversion)
+    third = load_model(None, weights="int4").model
+    assert torch.equal(logits(first), logits(third))
+    assert list((cache_dir / "packed").glob("*.pt")) == [packed]
