@@ -13,7 +13,7 @@ up, residual adds) hand that layout to the next layer, where X^T would then be r
 tokens went from ~1.5x to ~1.1x a one-token pass, 4 tokens from ~1.6x to ~1.35x (2026-11-23).
 
 Because this is a property of the machine's BLAS, not of the model, `helps()` measures both on the model's
-own weights at load and the Target uses the faster one. The products are the same up to float rounding
+own weights at load and the Target uses the faster one, from one row or from two. The products are the same up to float rounding
 (summation order), like any change of kernel: greedy equivalence is tested with the kernel forced on.
 
 The swap is scoped (`SkinnyLinears` context): outside our own forward passes the model is untouched, so
@@ -43,10 +43,12 @@ def padded_rows(rows: int) -> int:
     return {1: 2, 3: 4, 7: 8}.get(rows, rows)
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x [..., in], weight [out, in] -> [..., out], as (W @ X^T)^T."""
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  min_rows: int = 1) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [..., in], weight [out, in] -> [..., out], as (W @ X^T)^T from `min_rows`
+    rows to MAX_ROWS (F.linear outside them)."""
     rows = x.numel() // x.shape[-1]
-    if rows > MAX_ROWS or rows == 0:
+    if rows > MAX_ROWS or rows < max(1, min_rows):
         return nn.functional.linear(x, weight, bias)
     # [r, in], row-major: the (W @ X^T)^T output below is column-major, elementwise ops keep that layout, and a
     # column-major X here would make X^T row-major, which MKL multiplies ~4x slower (measured, 2-8 rows)
@@ -79,12 +81,14 @@ def _linears(model: nn.Module) -> list[nn.Linear]:
 
 
 class SkinnyLinears:
-    """Context manager: inside it, every nn.Linear of `model` computes with skinny_linear. Re-entrant use is
-    not needed (one forward at a time per model), so entering twice is an error rather than a silent no-op."""
+    """Context manager: inside it, every nn.Linear of `model` computes with skinny_linear from `min_rows` rows
+    (helps). Re-entrant use is not needed (one forward at a time per model), so entering twice is an error rather
+    than a silent no-op."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, min_rows: int = 1):
+        self.min_rows = min_rows
         self._forwards: list[tuple[nn.Linear, Callable]] = [
-            (module, lambda x, m=module: skinny_linear(x, m.weight, m.bias)) for module in _linears(model)
+            (module, lambda x, m=module: skinny_linear(x, m.weight, m.bias, min_rows)) for module in _linears(model)
         ]
         self._active = False
 
@@ -121,18 +125,25 @@ def _sweep_ms(weights: list[torch.Tensor], row_counts: tuple[int, ...], fns: tup
 
 
 @torch.inference_mode()
-def helps(model: nn.Module) -> bool:
-    """Whether skinny_linear beats F.linear on this machine for this model's weights (CPU only): times one
-    sweep over all linear weights at 1 and 8 rows each way, interleaved, fastest of 3 rounds after 2 of warm-up
-    (over at most SAMPLE_BYTES of weights: ~1 s). Skinny must win at one row (every plain step and every paused step) by >= 10%
-    and must not lose at 8 rows (a verify pass) by more than 25%. The 8-row sweeps of both kernels are close
-    and noisy on this VM (measured 2026-11-23, 12 rounds in one process: 59-79 ms each, either ahead by up to
-    15%), while one row is 1.5-2x apart; the former test on the sum of both with a 10% margin let that noise
-    refuse the kernel in one fresh process of three we tried (a one-token pass then costs ~1.5x)."""
+def helps(model: nn.Module) -> int | None:
+    """The fewest rows from which skinny_linear beats F.linear on this machine for this model's weights (CPU
+    only), or None: it does not. Times one sweep over all linear weights at 1 and 8 rows each way, interleaved,
+    fastest of 3 rounds after 2 of warm-up (over at most SAMPLE_BYTES of weights: ~1 s).
+      1: skinny wins at one row (every plain step and every paused step) by >= 10% and does not lose at 8 rows
+         (a verify pass) by more than 25%. The 8-row sweeps of both kernels are close and noisy on the dev VM
+         with SmolLM2 (measured 2026-11-23, 12 rounds in one process: 59-79 ms each, either ahead by up to 15%),
+         while one row is 1.5-2x apart; the former test on the sum of both with a 10% margin let that noise
+         refuse the kernel in one fresh process of three we tried (a one-token pass then costs ~1.5x).
+      2: one row is a draw but skinny wins at 8 rows by >= 25%. The Qwen 1.5B in fp32 on the AMD EPYC VM
+         (2026-11-27): one row 21.7 vs 22.6 ms (either kernel ahead from one process to the next), 8 rows 82.6
+         vs 34.8 ms. Deciding on one row alone left a 2-token pass at 2.1x a one-token pass in some processes,
+         and the draft model then never drafted (its budget prices that row)."""
     weights = [m.weight for m in _linears(model)]
     if not weights or weights[0].device.type != "cpu":
-        return False
+        return None
     if sum(w.numel() * w.element_size() for w in weights) < MIN_WEIGHT_BYTES:
-        return False
+        return None
     best = _sweep_ms(sample_weights(weights), (1, 8), (nn.functional.linear, skinny_linear))
-    return best[1, 1] < 0.9 * best[1, 0] and best[8, 1] < 1.25 * best[8, 0]
+    if best[1, 1] < 0.9 * best[1, 0] and best[8, 1] < 1.25 * best[8, 0]:
+        return 1
+    return 2 if best[8, 1] < 0.75 * best[8, 0] else None

@@ -107,8 +107,8 @@ class Target:
         # batches over the dynamic cache attend row by row (attention.row_sdpa_forward) where the model's attention
         # is SDPA and its layers know their index
         self._per_row_attention = per_row_attention_applies(config) and _layers_know_their_index(model)
-        use_skinny = helps(model) if skinny_gemm is None else skinny_gemm
-        self._skinny = SkinnyLinears(model) if use_skinny and self.device.type == "cpu" else None
+        skinny_rows = helps(model) if skinny_gemm is None else (1 if skinny_gemm else None)
+        self._skinny = SkinnyLinears(model, skinny_rows) if skinny_rows and self.device.type == "cpu" else None
         native = packed_decoder is not False and self.device.type == "cpu" and packed_decoder_unsupported(model) is None
         if packed_decoder and not native:
             raise ValueError(f"packed decoder unavailable: {packed_decoder_unsupported(model) or 'not on the CPU'}")
@@ -138,6 +138,11 @@ class Target:
     @property
     def skinny_gemm(self) -> bool:
         return self._skinny is not None
+
+    @property
+    def skinny_rows(self) -> int | None:
+        """The fewest rows our passes compute as W @ X^T (cpu_gemm), or None: never."""
+        return None if self._skinny is None else self._skinny.min_rows
 
     @functools.cached_property
     def row_cost(self) -> float:
