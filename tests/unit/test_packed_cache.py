@@ -78,27 +78,35 @@ def test_float_weights_are_not_cached(tiny_model_dir, cache_dir):
 @pytest.mark.slow
 def test_a_gguf_loaded_packed_never_writes_its_float_weights(cache_dir, monkeypatch):
     """The default GGUF loaded in int4 with an empty cache: the converted copy holds no weights (the Qwen 1.5B's
-    would be 6.2 GB), the second load converts nothing, and a float load writing the weights later leaves the
-    packed copy valid."""
+    would be 6.2 GB), and the second load converts nothing."""
     from specdecode import models
 
     first = load_model(None, weights="int4").model
     [directory] = [p for p in cache_dir.iterdir() if p.name.startswith("SmolLM2")]
     assert (directory / "config.json").is_file() and not list(directory.glob("*.safetensors"))
-    [packed] = (cache_dir / "packed").glob("*-int4-*.pt")
+    assert len(list((cache_dir / "packed").glob("*-int4-*.pt"))) == 1
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again")
 
-    with monkeypatch.context() as patched:
-        patched.setattr(models, "_convert_gguf", no_conversion)
-        second = load_model(None, weights="int4").model
-    assert torch.equal(logits(first), logits(second))
-
-    assert not Target(load_model(None, weights="fp32").model).packed_decoder
-    assert (directory / "model.safetensors").is_file()  # written now that a load reads it
     monkeypatch.setattr(models, "_convert_gguf", no_conversion)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_conversion)
-    third = load_model(None, weights="int4").model
-    assert torch.equal(logits(first), logits(third))
-    assert list((cache_dir / "packed").glob("*.pt")) == [packed]
+    assert torch.equal(logits(first), logits(load_model(None, weights="int4").model))
+
+
+def test_writing_the_weights_later_keeps_the_packed_copy_name(tmp_path):
+    """A float load writes a converted copy's weights after a packed load built it without them: its manifest
+    gains their entries, and the packed copy's name must not change (it would be packed again)."""
+    import json
+
+    from specdecode.quant import packed_cache
+
+    directory = tmp_path / "model"
+    directory.mkdir()
+    files = {"config.json": "1" * 64, "tokenizer.json": "2" * 64}
+    manifest = directory / "specdecode-manifest.json"
+    manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": files}))
+    before = packed_cache.path_for(str(directory), "int4", tmp_path)
+    manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": {**files, "model.safetensors": "3" * 64}}))
+    assert packed_cache.path_for(str(directory), "int4", tmp_path) == before
+    manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": {**files, "config.json": "4" * 64}}))
+    assert packed_cache.path_for(str(directory), "int4", tmp_path) != before  # another model: another copy
