@@ -48,7 +48,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """F.linear(x, weight, bias) for x [..., in], weight [out, in] -> [..., out], as (W @ X^T)^T from `min_rows`
     rows to MAX_ROWS (F.linear outside them)."""
     rows = x.numel() // x.shape[-1]
-    if rows > MAX_ROWS or rows < max(1, min_rows):
+    if rows > MAX_ROWS or rows < min_rows:  # min_rows >= 1: no rows, nothing to gain
         return nn.functional.linear(x, weight, bias)
     # [r, in], row-major: the (W @ X^T)^T output below is column-major, elementwise ops keep that layout, and a
     # column-major X here would make X^T row-major, which MKL multiplies ~4x slower (measured, 2-8 rows)

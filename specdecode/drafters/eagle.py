@@ -96,7 +96,7 @@ class Eagle(RowStateDrafter):
         self.cache = RollbackCache(1, rows=1, capacity=256)
         # the draft layer's few-row products take the target's CPU kernel too (bf16 draft head excepted: oneDNN
         # is fast there)
-        self._linears = SkinnyLinears(net, target.skinny_rows) if target.skinny_gemm else contextlib.nullcontext()
+        self._linears = SkinnyLinears(net, target.skinny_rows) if target.skinny_rows else contextlib.nullcontext()
         super().__init__()
 
     def max_nodes(self, k: int) -> int:
