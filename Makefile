@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test test-fast bench serve clean
+.PHONY: setup demo lint test test-fast bench serve clean
 
 setup: $(STAMP)
 
@@ -21,10 +21,13 @@ demo: setup
 	$(BIN)/specdecode generate --chat --max-new-tokens 96 \
 	  "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds in the garden."
 
-test: setup
+lint: setup
+	$(BIN)/ruff check specdecode tests scripts
+
+test: lint
 	$(BIN)/python -m pytest -q -ra
 
-test-fast: setup
+test-fast: lint
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: setup

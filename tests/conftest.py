@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.target import Target
+from specdecode.config import ModelConfig
+from specdecode.core.target import Target
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
-
 
 
 @pytest.fixture(autouse=True)
@@ -46,9 +46,9 @@ def tiny_draft_dir(tmp_path_factory, tiny_tokenizer) -> str:
 @pytest.fixture(scope="session")
 def default_model():
     """The real SmolLM2-135M-Instruct (slow tests only)."""
-    from specdecode.models import load_model
+    from specdecode.loading.load import load_model
 
-    return load_model()
+    return load_model(ModelConfig(weights="same"))
 
 
 @pytest.fixture(scope="session")

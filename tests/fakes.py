@@ -3,7 +3,8 @@ drafts the target's true continuation (wrong from a chosen depth on, or costing 
 first branch is wrong and whose second is right (so the accepted path must be compacted)."""
 from __future__ import annotations
 
-from specdecode.drafters.base import BaseDrafter, Draft
+from specdecode.core.drafting import Draft
+from specdecode.drafters.common.base import BaseDrafter
 
 
 class Oracle(BaseDrafter):

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from specdecode.target import Target
+from specdecode.core.target import Target
 from tests.tiny import tiny_llama
 
 CORPUS = [

@@ -5,20 +5,17 @@ tokens/s of plain decoding is compared with 1000 / floor_ms (one pass per token)
 tau * 1000 / floor_ms (tau tokens per pass). Runs on the default model or a random Llama-shaped config."""
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 
-from ..config import GenerationConfig, SamplingConfig, SpecConfig
-from ..drafters import DrafterConfig, build_drafter
-from ..engine import Engine
-from ..fast import FastPathConfig
-from ..models import load_model, parse_dtype
-from ..target import Target
-from .passcost import RANDOM_CONFIGS, copy_bandwidth, pass_costs, random_model, weight_bytes
+from specdecode.bench.passcost import copy_bandwidth, pass_costs, random_model, weight_bytes
+from specdecode.config import DrafterConfig, FastPathConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.drafters import build_drafter
+from specdecode.loading.load import load_model, parse_dtype
 
 
 @dataclass
@@ -61,7 +58,7 @@ def run(model_name: str | None, random_config: str | None, device: str, dtype: s
         model, tokenizer, name = random_model(random_config, device, torch_dtype), None, random_config
         ids = list(range(100, 164))
     else:
-        loaded = load_model(model_name, device=device, dtype=torch_dtype)
+        loaded = load_model(ModelConfig(model_name, device=device, dtype=dtype, weights="same"))
         model, tokenizer, name = loaded.model, loaded.tokenizer, loaded.name
         text = ("Here is a function:\n\ndef fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
                 "    return a\n\nRewrite it with type hints and a docstring, keeping the same logic.")
@@ -107,74 +104,3 @@ def to_markdown(report: FastPathReport) -> str:
         lines.append(f"| {path} | " + " | ".join(str(costs[q]) for q in qs) + " |")
     return "\n".join(lines)
 
-
-def register(subparsers, name: str = "bench-fastpath"):
-    from ..cli_args import device_arg
-
-    parser = subparsers.add_parser(name, help="fast path vs eager: tokens/s as a fraction of the bandwidth floor, "
-                                             "and the per-pass cost curve (default model or a random Llama shape)")
-    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
-    parser.add_argument("--random-config", default=None, choices=sorted(RANDOM_CONFIGS),
-                        help="a random-initialised Llama shape instead of a real model")
-    parser.add_argument("--device", default="cuda", type=device_arg, help="cpu or cuda")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--drafters", default="prompt-lookup", help="comma list of drafters besides none")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--out", default="out/fastpath")
-    parser.add_argument("--qs", default="1,4,16,64", help="verify-pass sizes to time")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, cudagraphs)")
-    parser.set_defaults(func=cmd_fastpath)
-    return parser
-
-
-def cmd_fastpath(args) -> int:
-    from ..config import ConfigError
-    from ..drafters import registry
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda requested but no CUDA device is available")
-    # everything the user gave, checked before a model loads or compiles
-    if args.model is not None and args.random_config is not None:
-        raise ConfigError("--model and --random-config exclude each other")
-    parse_dtype(args.dtype)
-    drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
-    unknown = [d for d in drafters if d not in registry() or registry()[d].needs_draft_model]
-    if unknown:
-        usable = [name for name, spec in registry().items() if not spec.needs_draft_model]
-        raise ConfigError(f"--drafters: unknown or unsupported drafter {unknown[0]!r}; choose from: {', '.join(usable)}")
-    try:
-        qs = tuple(int(q) for q in args.qs.split(","))
-    except ValueError:
-        raise ConfigError(f"--qs expects comma-separated positive integers, got {args.qs!r}") from None
-    if not qs or min(qs) <= 0:
-        raise ConfigError(f"--qs expects comma-separated positive integers, got {args.qs!r}")
-    GenerationConfig(max_new_tokens=args.max_new_tokens)
-    if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
-        raise ConfigError(f"unknown --backend {args.backend!r}; choose from: "
-                          f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}")
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"cannot create --out {args.out!r}: {error.strerror or error}") from None
-    report = run(args.model, args.random_config, args.device, args.dtype, drafters, args.max_new_tokens,
-                 qs=qs, backend=args.backend)
-    stem = f"{args.random_config or 'default'}-{args.backend}"
-    (out / f"{stem}.json").write_text(json.dumps(asdict(report), indent=2))
-    (out / f"{stem}.md").write_text(to_markdown(report))
-    print(to_markdown(report))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m specdecode.bench.fastpath")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub, "run")
-    args = parser.parse_args(["run", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

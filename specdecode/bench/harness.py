@@ -11,55 +11,65 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, GenerationConfig, SamplingConfig
-from ..drafters import OPTION_READERS
-from ..models import load_model, model_dtype, parse_dtype
-from ..quant.weights import FLOAT_DTYPES, WEIGHTS, describe as describe_weights
-from . import methods as methods_mod
-from .methods import BASELINE, BenchModel, PeerOptions
-from .prompts import BUILTIN_NAME, categories, load_prompts, select
-from .report import write_all
-from .runner import NEAR_TIE_EPS, BenchSettings, run_bench
-from .summary import CONVENTIONS, summarise
+from specdecode.bench import methods as methods_mod
+from specdecode.bench.methods import BASELINE, BenchModel, PeerOptions
+from specdecode.bench.prompts import BUILTIN_NAME, categories, load_prompts, select
+from specdecode.bench.report import write_all
+from specdecode.bench.runner import NEAR_TIE_EPS, BenchSettings, run_bench
+from specdecode.bench.summary import CONVENTIONS, summarise
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig
+from specdecode.drafters import OPTION_READERS
+from specdecode.errors import ConfigError
+from specdecode.loading.formats import FLOAT_DTYPES
+from specdecode.loading.formats import describe as describe_weights
+from specdecode.loading.load import load_model, model_dtype
 
 
 @dataclass(frozen=True)
 class BenchConfig:
+    """One benchmark run. model: what every method decodes, in one weight format for all (a name is taken as
+    ModelConfig(name)); drafter: our drafters' options (draft_model, exit_layer, draft_weights, suffix_store,
+    draft_vocab), the same for every specdecode method, each of which names its own drafter (drafter.name is
+    not read); the draft model is also what the transformers peers assist with."""
+
     out: str
+    model: ModelConfig | str | None = None
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
     prompts: str | None = None  # None: the built-in set
     limit: int | None = None  # prompts per category
     categories: tuple[str, ...] | None = None  # only these (None: all; built-in opt-in ones such as agentic: named)
     methods: str | None = None  # comma list; None: all
-    model: str | None = None
-    draft_model: str | None = None
-    device: str = "cpu"
-    dtype: str | None = None  # None: the model's default on the device (models.model_dtype)
-    weights: str = "auto"  # the target's linear weights, for every method alike (models.WEIGHTS)
     max_new_tokens: int = 128
     temperature: float = 0.0
     k: int = 5
     confidence: float | None = None  # model drafters stop a draft below this top probability (None: never)
-    exit_layer: int | None = None
     hf_draft_tokens: int | None = None
     hf_assistant_schedule: str | None = None  # num_assistant_tokens_schedule of the assisted peers; None: heuristic
     heads: tuple[str, ...] = ()  # --head NAME=DIR
     seed: int = 0
     threads: int | None = None  # torch intra-op CPU threads; None: torch's default
-    compile: bool | None = None  # specdecode methods on the fast path; None: on for cuda, off on cpu
-    draft_weights: str = "auto"  # specdecode-draft-model, hf-assisted-same-draft: int8 draft on the CPU (auto)
-    suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens
-    draft_vocab: int | None = None  # specdecode-draft-model: the draft head's shortlist (None, 0: the whole head)
     warmup: bool = True
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelConfig):
+            object.__setattr__(self, "model", ModelConfig(self.model))
+
+    @property
+    def draft_model(self) -> str | None:
+        return self.drafter.draft_model
+
     @property
     def resolved_dtype(self) -> str:
-        return self.dtype or FLOAT_DTYPES.get(self.weights) or model_dtype(self.model, self.device)
+        """The dtype every model of the run loads in: given, else the weight format's, else the model's own."""
+        model = self.model
+        return model.dtype or FLOAT_DTYPES.get(model.weights) or model_dtype(model.name, model.device)
 
 
 def validate(config: BenchConfig) -> tuple[list, list[str]]:
@@ -75,20 +85,11 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
         raise ConfigError("--k and --hf-draft-tokens must be positive integers")
     if config.confidence is not None and not 0 < config.confidence < 1:
         raise ConfigError(f"--confidence must be in (0, 1), got {config.confidence}")
-    if config.suffix_store is not None and config.suffix_store <= 0:
-        raise ConfigError(f"--suffix-store must be a positive number of tokens, got {config.suffix_store}")
-    if config.draft_vocab is not None and config.draft_vocab < 0:
-        raise ConfigError(f"--draft-vocab must be 0 (the whole vocabulary) or a number of tokens, got {config.draft_vocab}")
     if config.hf_assistant_schedule not in (None, *methods_mod.SCHEDULES):
         raise ConfigError(f"--hf-assistant-schedule must be one of {', '.join(methods_mod.SCHEDULES)}, "
                           f"got {config.hf_assistant_schedule!r}")
-    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
-        raise ConfigError(f"--device must be cpu or cuda, got {config.device!r}")
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
+    if config.model.on_cuda and not torch.cuda.is_available():
         raise ConfigError("--device cuda requested but no CUDA device is available")
-    parse_dtype(config.resolved_dtype)
-    if config.weights not in WEIGHTS:
-        raise ConfigError(f"--weights must be one of {', '.join(WEIGHTS)}, got {config.weights!r}")
     if config.threads is not None and config.threads <= 0:
         raise ConfigError(f"--threads must be a positive integer, got {config.threads}")
     _check_flags_used(config, names)
@@ -108,13 +109,13 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
     """Refuse a method-specific flag when no chosen method reads it (it would be silently ignored)."""
     ours, same, assisted = methods_mod.OURS_PREFIX, methods_mod.SAME_DRAFT, set(methods_mod.ASSISTED_PEERS)
     used = {
-        "--exit-layer": (config.exit_layer is not None, {ours + "layer-skip", "hf-early-exit"}),
+        "--exit-layer": (config.drafter.exit_layer is not None, {ours + "layer-skip", "hf-early-exit"}),
         "--hf-draft-tokens": (config.hf_draft_tokens is not None, {"hf-prompt-lookup", *assisted}),
         "--hf-assistant-schedule": (config.hf_assistant_schedule is not None, assisted),
-        "--draft-weights": (config.draft_weights != "auto", {ours + "draft-model", same}),
+        "--draft-weights": (config.drafter.draft_weights != "auto", {ours + "draft-model", same}),
         "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model"}),
-        "--suffix-store": (config.suffix_store is not None, {ours + "suffix"}),
-        "--draft-vocab": (config.draft_vocab is not None, {ours + "draft-model"}),
+        "--suffix-store": (config.drafter.suffix_store is not None, {ours + "suffix"}),
+        "--draft-vocab": (config.drafter.draft_vocab is not None, {ours + "draft-model"}),
         "--confidence": (config.confidence is not None, {ours + d for d in OPTION_READERS["confidence"]}),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
@@ -124,10 +125,11 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
 
 
 def load_bench_model(config: BenchConfig) -> BenchModel:
-    loaded = load_model(config.model, device=config.device, dtype=config.resolved_dtype, weights=config.weights)
+    loaded = load_model(replace(config.model, dtype=config.resolved_dtype))
     draft = None
-    if config.draft_model:
-        draft = load_model(config.draft_model, device=config.device, dtype=config.resolved_dtype).model
+    if config.draft_model:  # as loaded: its weights for our drafter are draft_weights, applied by the method
+        draft = load_model(ModelConfig(config.draft_model, device=config.model.device, dtype=config.resolved_dtype,
+                                       weights="same")).model
     return BenchModel(loaded.model, loaded.tokenizer, loaded.name, draft, config.draft_model)
 
 
@@ -140,10 +142,8 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         torch.set_num_threads(config.threads)
     bench_model = bench_model or load_bench_model(config)
     heads = methods_mod.parse_heads(list(config.heads))
-    compiled = config.compile if config.compile is not None else config.device.startswith("cuda")
-    options = PeerOptions(config.k, config.exit_layer, config.hf_draft_tokens, heads, compiled, config.draft_weights,
-                          config.hf_assistant_schedule or "heuristic", config.suffix_store, config.draft_vocab,
-                          config.confidence or 0.0)
+    options = PeerOptions(config.k, config.hf_draft_tokens, heads, config.model.fast_path.enabled,
+                          config.hf_assistant_schedule or "heuristic", config.confidence or 0.0, config.drafter)
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
     for name, reason in skipped.items():
@@ -169,7 +169,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         "prompt_source": config.prompts or BUILTIN_NAME,
         "limit": config.limit,
         "categories": cats,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
         "machine": machine(),
         "versions": {"torch": torch.__version__, "transformers": _version("transformers"),
@@ -195,8 +195,6 @@ def machine() -> str:
 
 def _version(package: str) -> str | None:
     try:
-        from importlib.metadata import version
-
         return version(package)
     except Exception:  # noqa: BLE001 - metadata is informative only
         return None

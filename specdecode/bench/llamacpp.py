@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
+
+from specdecode.bench.generation import Generation, RunSettings
+from specdecode.loading.names import gguf_source
 
 NAME = "llamacpp"
 INSTALL = "pip install llama-cpp-python==0.3.36"
@@ -31,22 +34,18 @@ def unavailable(model_name: str | None) -> str | None:
 
 
 def gguf_file(model_name: str | None) -> Path:
-    from ..models import gguf_source
-
     return gguf_source(model_name)
 
 
 def runner(model_name: str | None, eos: list[int]) -> Callable:
     """A bench run function (prompt ids, RunSettings) -> Generation over llama.cpp, loaded once."""
-    from llama_cpp import Llama
-
-    from .methods import Generation
+    from llama_cpp import Llama  # an optional dependency: imported only when the peer runs
 
     llm = Llama(model_path=str(gguf_file(model_name)), n_ctx=CONTEXT, n_threads=torch.get_num_threads(),
                 verbose=False)
     stops = set(eos) | {llm.token_eos()}
 
-    def run(prompt: list[int], settings) -> Generation:
+    def run(prompt: list[int], settings: RunSettings) -> Generation:
         sampling = ({"temp": 0.0, "top_k": 1} if settings.greedy else
                     {"temp": settings.temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0})
         if settings.seed is not None:

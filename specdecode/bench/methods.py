@@ -21,23 +21,24 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
-from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from ..drafters import OPTION_READERS, DrafterConfig, build_drafter, registry
-from ..drafters.draft_model import DraftModel
-from ..drafters.suffix import Suffix
-from ..engine import Engine
-from ..fast import FastPathConfig
-from ..int8_draft import draft_format
-from ..quant.weights import apply as apply_weights
-from ..models import ModelError
-from ..pass_cost import synchronize
-from ..target import Target
-from . import llamacpp
+from specdecode.bench import llamacpp
+from specdecode.bench.generation import Generation, RunSettings
+from specdecode.config import DrafterConfig, FastPathConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.pass_costs import synchronize
+from specdecode.core.target import Target
+from specdecode.drafters import OPTION_READERS, build_drafter, registry
+from specdecode.drafters.draft_model import DraftModel
+from specdecode.drafters.suffix import Suffix
+from specdecode.errors import ConfigError, ModelError
+from specdecode.loading.formats import apply as apply_weights
+from specdecode.loading.formats import draft_format
 
 BASELINE = "hf-generate"
 OURS_PREFIX = "specdecode-"
@@ -45,30 +46,6 @@ SAME_DRAFT = "hf-assisted-same-draft"
 DRAFT_PEERS = ("hf-assisted", SAME_DRAFT)  # transformers peers that need a draft model
 ASSISTED_PEERS = (*DRAFT_PEERS, "hf-early-exit")  # the peers that read num_assistant_tokens(_schedule)
 SCHEDULES = ("heuristic", "constant")  # transformers' num_assistant_tokens_schedule values offered
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What every method is asked for one prompt: the same budget, temperature and seed."""
-
-    max_new_tokens: int
-    temperature: float = 0.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One method's answer to one prompt. ids: new tokens, ending at (and including) the first EOS."""
-
-    ids: list[int]
-    seconds: float
-    passes: int | None = None  # target passes that produced tokens (prefill folded in, not counted apart)
-    proposed: int | None = None  # draft tokens offered for verification
-    accepted: int | None = None  # draft tokens the target kept
 
 
 @dataclass(frozen=True)
@@ -103,16 +80,15 @@ class PeerOptions:
     docs. hf_draft_tokens overrides both draft lengths. The early-exit layer is the same for ours and theirs."""
 
     k: int = 5
-    exit_layer: int | None = None  # None: a third of the layers, the layer-skip drafter's default
     hf_draft_tokens: int | None = None  # prompt_lookup_num_tokens and num_assistant_tokens of the peers
     heads: tuple[tuple[str, str], ...] = ()  # (drafter, path): a trained head for eagle, medusa, ...
     compile: bool = False  # specdecode methods on the fast path (static cache + torch.compile)
-    # specdecode-draft-model and hf-assisted-same-draft: int8 draft on the CPU (int8_draft.py); hf-assisted: as loaded
-    draft_weights: str = "auto"
     assistant_schedule: str = "heuristic"  # num_assistant_tokens_schedule of the assisted peers (SCHEDULES)
-    suffix_store: int | None = None  # specdecode-suffix: the store's cap in tokens (None: its default)
-    draft_vocab: int | None = None  # specdecode-draft-model: the draft head's shortlist (None, 0: the whole head)
     confidence: float = 0.0  # model drafters: stop a draft below this top probability (0: never)
+    # our drafters' options, the same for every specdecode method (each names its own drafter): exit_layer (None:
+    # a third of the layers, also hf-early-exit's), draft_weights (also hf-assisted-same-draft's; hf-assisted's
+    # draft is as loaded), suffix_store, draft_vocab
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
 
     @property
     def prompt_lookup_num_tokens(self) -> int:
@@ -176,11 +152,12 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
     (named in --methods): then the error reaches the user."""
     skipped = {} if skipped is None else skipped
     target = Target(bench.model, bench.tokenizer, FastPathConfig(enabled=options.compile))
-    exit_layer = options.exit_layer if options.exit_layer is not None else max(1, target.num_layers // 3)
+    given_layer = options.drafter.exit_layer
+    exit_layer = given_layer if given_layer is not None else max(1, target.num_layers // 3)
     if not 1 <= exit_layer < target.num_layers:
         raise ConfigError(f"exit layer must be in 1..{target.num_layers - 1}, got {exit_layer}")
     eos = sorted(target.eos_ids)
-    drafts = _peer_drafts(bench, names, options.draft_weights, target.device)
+    drafts = _peer_drafts(bench, names, options.drafter.draft_weights, target.device)
     hf = {
         BASELINE: {},
         "hf-prompt-lookup": {"prompt_lookup_num_tokens": options.prompt_lookup_num_tokens},
@@ -217,9 +194,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             # read DrafterConfig.draft_model as a head directory: --head NAME=DIR, else their shipped head.
             heads = dict(options.heads)
             draft = heads.get(drafter) or (bench.draft_spec if registry()[drafter].needs_draft_model else None)
-            config = DrafterConfig(name=drafter, draft_model=draft, exit_layer=exit_layer,
-                                   draft_weights=options.draft_weights, suffix_store=options.suffix_store,
-                                   draft_vocab=options.draft_vocab)
+            config = replace(options.drafter, name=drafter, draft_model=draft, exit_layer=exit_layer)
             spec = SpecConfig(k=options.k, confidence=options.confidence if drafter in OPTION_READERS["confidence"] else 0.0)
             try:
                 engine = Engine(target, build_drafter(target, config, spec), spec, max_batch=1)
@@ -233,9 +208,9 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                 skipped[name] = reason
                 continue
             params = {"k": options.k, **({"confidence": spec.confidence} if spec.confidence else {}),
-                      "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (cpu_gemm)
+                      "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (backends/cpu/skinny.py)
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
-                      **({"draft_model": draft, "draft_weights": _drafter_weights(options.draft_weights, target)}
+                      **({"draft_model": draft, "draft_weights": _drafter_weights(options.drafter.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}
             if isinstance(engine.drafter, DraftModel):  # the draft head's shortlist (0: the whole vocabulary)
                 params["draft_vocab"] = engine.drafter.shortlist.size if engine.drafter.shortlist else 0
@@ -302,7 +277,7 @@ class _PassCounter:
         self.layers = model.config.get_text_config().num_hidden_layers
         self.passes = self.inputs = 0
 
-    def __enter__(self) -> "_PassCounter":
+    def __enter__(self) -> _PassCounter:
         self.handle = self.model.register_forward_pre_hook(self._count, with_kwargs=True)
         return self
 

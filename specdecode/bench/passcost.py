@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..pass_cost import synchronize, time_passes
-from ..target import Target
+from specdecode.core.pass_costs import synchronize, time_passes
+from specdecode.core.target import Target
 
 RANDOM_CONFIGS = {
     # SmolLM2-135M (the default model's shape, without its weights), Llama-3.2-1B and Llama-3.1-8B shapes
@@ -29,8 +30,6 @@ RANDOM_CONFIGS = {
 
 def random_model(name: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
     """A random-initialised Llama of a named shape, built directly on the device."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if name not in RANDOM_CONFIGS:
         raise ValueError(f"unknown random config {name!r}; choose one of {', '.join(RANDOM_CONFIGS)}")
     config = LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **RANDOM_CONFIGS[name])

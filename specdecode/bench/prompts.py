@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ..config import ConfigError
+from specdecode.errors import ConfigError
 
 BUILTIN_NAME = "built-in (specdecode/bench/data/prompts.jsonl)"
 # built-in categories kept out of the default set (its figures stay comparable), loaded when named (--category):

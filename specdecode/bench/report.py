@@ -3,11 +3,12 @@ rows methods, columns categories + overall) and speedup.png (grouped bars, matpl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .summary import OVERALL
+from specdecode.bench.summary import OVERALL
 
 SCHEMA_VERSION = 1
 

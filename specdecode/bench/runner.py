@@ -28,10 +28,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..int8_draft import ACTIVATION_DTYPE, Int8Linear
-from .llamacpp import NAME as LLAMACPP
-from .methods import BASELINE, Generation, Method, RunSettings
-from .prompts import Question
+from specdecode.backends.cpu.int8 import ACTIVATION_DTYPE, Int8Linear
+from specdecode.backends.cpu.linear import PackedLinear
+from specdecode.bench.generation import Generation, RunSettings
+from specdecode.bench.llamacpp import NAME as LLAMACPP
+from specdecode.bench.methods import BASELINE, Method
+from specdecode.bench.prompts import Question
 
 PLAIN = "specdecode-none"
 NEAR_TIE_EPS = 4.0  # tolerance = NEAR_TIE_EPS * machine epsilon of the model dtype * max(1, |top logit|)
@@ -193,7 +195,7 @@ class PeakRss:
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self._exact = self._exact and reset_peak()
         if not self._exact and status_kb("VmRSS") is not None:
             self._sampler = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
@@ -247,12 +249,10 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     """The precision the model's logits are computed in, for near-tie classification: torch's int8 linears
-    take and give bf16 activations (int8_draft.Int8Linear); packed layers (quant/) round activations to int8
+    take and give bf16 activations (backends/cpu/int8.py); packed layers (backends/cpu/linear.py) round activations to int8
     per block of 32, which moves logits by about as much as bf16 (a rounding flipped by another path's
     1e-7 moves its output by 1/254 of the block's largest value). Against our own plain decoding the packed
     model is bit-exact (attention.row_exact_forward); against transformers' `generate` it is not."""
-    from ..quant.linear import PackedLinear
-
     if any(isinstance(module, (Int8Linear, PackedLinear)) for module in model.modules()):
         return ACTIVATION_DTYPE
     return next(model.parameters()).dtype

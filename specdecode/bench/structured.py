@@ -10,7 +10,6 @@ decoding time.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -19,8 +18,13 @@ from pathlib import Path
 
 import jsonschema
 
-from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, Structure
-from .runner import encode_conversation
+from specdecode.bench.runner import encode_conversation
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig, Structure
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.drafters import build_drafter
+from specdecode.errors import ConfigError
+from specdecode.loading.load import load_model
 
 BASELINE = "none"
 DEFAULT_DRAFTERS = ("none", "prompt-lookup", "suffix")
@@ -97,12 +101,7 @@ def satisfies(task: Task, text: str) -> bool:
 
 def build_engines(model: str | None, drafters: list[str], k: int, draft_model: str | None):
     """(method name, Engine) pairs: each drafter without and with grammar drafting, the baseline first."""
-    from ..drafters import DrafterConfig, build_drafter
-    from ..engine import Engine
-    from ..models import load_model
-    from ..target import Target
-
-    loaded = load_model(model)
+    loaded = load_model(ModelConfig(model, weights="same"))
     target = Target(loaded.model, loaded.tokenizer)
     engines = []
     for name in drafters:
@@ -175,52 +174,4 @@ def markdown(rows: list[dict]) -> str:
                      f"{100 * r['grammar_share']:.1f}% | {r['valid']}/{r['tasks']} | {identical} |")
     return "\n".join(lines)
 
-
-def register(subparsers, name: str = "bench-structured") -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help="structured outputs under speculation: each drafter with and without "
-                                              "grammar drafting against constrained plain decoding",
-                                   description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="packaged model name, HF dir, .gguf or hub id (default: SmolLM2)")
-    parser.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
-                        help="comma list of drafters, each run without and with grammar drafting (none first)")
-    parser.add_argument("--draft-model", default=None, help="draft model, for the draft-model drafter")
-    parser.add_argument("--tasks", default=None, help="JSONL of tasks (default: the shipped data/structured.jsonl)")
-    parser.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="room for the longest shipped answer")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
-    parser.add_argument("--out", default="out/bench-structured", help="results.json and report.md go here")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.set_defaults(func=cmd_structured)
-    return parser
-
-
-def cmd_structured(args: argparse.Namespace) -> int:
-    from ..drafters import registry
-
-    drafters = [BASELINE] + [d.strip() for d in args.drafters.split(",") if d.strip() and d.strip() != BASELINE]
-    unknown = [d for d in drafters if d not in registry()]
-    if unknown:
-        raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
-    for flag, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit or 1),
-                        ("--threads", args.threads or 1)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
-    try:
-        tasks = first_of_each(load_tasks(args.tasks), args.limit)
-    except OSError as error:
-        raise ConfigError(f"cannot read --tasks {args.tasks!r}: {error.strerror or error}") from None
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    target, engines = build_engines(args.model, drafters, args.k, args.draft_model)
-    rows = summarise(run(engines, target, tasks, args.max_new_tokens, progress=not args.no_progress))
-    table = markdown(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(rows, indent=2))
-    (out / "report.md").write_text(table + "\n")
-    print(table)
-    return 0
 

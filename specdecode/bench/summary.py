@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .llamacpp import NAME as LLAMACPP
-from .methods import BASELINE
-from .runner import Record
+from specdecode.bench.llamacpp import NAME as LLAMACPP
+from specdecode.bench.methods import BASELINE
+from specdecode.bench.runner import Record
 
 OVERALL = "overall"
 CONVENTIONS = (

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..config import ConfigError, OptionError, SpecConfig
-from .base import Draft, Drafter, DrafterConfig, DrafterSpec, SequenceContext
-from . import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup, suffix
+from specdecode.config import DrafterConfig, SpecConfig
+from specdecode.core.drafting import Drafter
+from specdecode.core.target import Target
+from specdecode.drafters import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup, suffix
+from specdecode.drafters.common.base import DrafterSpec
+from specdecode.errors import ConfigError, ModelError, OptionError
 
 _SPECS: tuple[DrafterSpec, ...] = (none.SPEC, prompt_lookup.SPEC, layer_skip.SPEC, draft_model.SPEC, lookahead.SPEC,
                                    eagle.SPEC, medusa.SPEC, suffix.SPEC)
@@ -43,7 +46,7 @@ def check_options_read(given: dict[str, bool], drafters: list[str], shown: str |
                               f"it is read by {{drafter}} {' or '.join(readers)}", option, "drafter")
 
 
-def build_drafter(target, config: DrafterConfig, spec: SpecConfig | None = None) -> Drafter:
+def build_drafter(target: Target, config: DrafterConfig, spec: SpecConfig | None = None) -> Drafter:
     """`auto`: the best measured drafter for the device (see best_drafter_name)."""
     spec = spec or SpecConfig()
     if config.name == AUTO:
@@ -65,9 +68,7 @@ def best_drafter_name(device_type: str, has_draft_model: bool = False) -> str:
     return BEST_DRAFTER.get(device_type, "prompt-lookup")
 
 
-def _build_best(target, config: DrafterConfig, spec: SpecConfig) -> Drafter:
-    from ..models import ModelError
-
+def _build_best(target: Target, config: DrafterConfig, spec: SpecConfig) -> Drafter:
     name = best_drafter_name(target.device.type, config.draft_model is not None)
     if name == "draft-model":  # the user's draft model: its errors are theirs to see
         return get_spec(name).build(target, replace(config, name=name), spec)
@@ -77,5 +78,5 @@ def _build_best(target, config: DrafterConfig, spec: SpecConfig) -> Drafter:
         return get_spec("prompt-lookup").build(target, replace(config, name="prompt-lookup"), spec)
 
 
-__all__ = ["AUTO", "Draft", "Drafter", "DrafterConfig", "DrafterSpec", "SequenceContext", "build_drafter", "get_spec",
-           "registry"]
+__all__ = ["AUTO", "OPTION_READERS", "DrafterSpec", "best_drafter_name", "build_drafter", "check_options_read",
+           "get_spec", "registry"]

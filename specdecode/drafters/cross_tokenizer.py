@@ -15,16 +15,17 @@ model is; the price is lower acceptance than min(1, p/q) would give for a well-c
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from ..config import ConfigError
-from ..target import Target
-from .base import Draft, RowStateDrafter, SequenceContext
-from .model_step import feed_chain
-from .text_bridge import appended_text, committed_text, continuation_ids, encode
+from specdecode.core.drafting import Draft, SequenceContext
+from specdecode.core.target import Target
+from specdecode.drafters.common.base import RowStateDrafter
+from specdecode.drafters.common.model_step import feed_chain
+from specdecode.drafters.common.text_bridge import appended_text, committed_text, continuation_ids, encode
+from specdecode.errors import ConfigError
 
 
 @dataclass

@@ -15,21 +15,23 @@ any request under the same system prompt (the Qwen 0.5B prefills ~5 ms a token o
 them changes only which tokens are drafted, never the output."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from ..config import ConfigError, OptionError, SpecConfig
-from ..int8_draft import draft_format
-from ..models import load_model
-from ..pass_cost import measure_chain_costs
-from ..target import Target
-from .base import Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext, common_prefix
-from .cross_tokenizer import CrossTokenizerDrafter
-from .model_step import choose, feed_chain
-from .row_budget import ChainBudget
-from .shortlist import ShortlistHead, shortlist_size
+from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
+from specdecode.core.drafting import Draft, SequenceContext, common_prefix
+from specdecode.core.pass_costs import measure_chain_costs
+from specdecode.core.target import Target
+from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
+from specdecode.drafters.common.model_step import choose, feed_chain
+from specdecode.drafters.common.row_budget import ChainBudget
+from specdecode.drafters.common.shortlist import ShortlistHead, shortlist_size
+from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdecode.errors import ConfigError, OptionError
+from specdecode.loading.formats import draft_format
+from specdecode.loading.load import load_model
 
 
 @dataclass
@@ -111,7 +113,8 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
         raise OptionError("{drafter} draft-model needs {draft_model} (a path, packaged name or hub id)", "drafter",
                           "draft_model")
     fmt = draft_format(config.draft_weights, target.device)
-    loaded = load_model(config.draft_model, device=str(target.device), dtype=target.dtype, weights=fmt)
+    dtype = str(target.dtype).removeprefix("torch.")
+    loaded = load_model(ModelConfig(config.draft_model, device=str(target.device), dtype=dtype, weights=fmt))
     if target.tokenizer is not None and not same_tokenizer(loaded.tokenizer, target.tokenizer):
         if config.draft_vocab:  # its draft tokens are not target ids: a shortlist of target ids would not apply
             raise OptionError("{draft_vocab} needs a draft model with the target's tokenizer; this one drafts "

@@ -19,20 +19,22 @@ The depth is also capped by seq.k (the engine's speculation length).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from ..config import ConfigError, SpecConfig
-from ..cpu_gemm import SkinnyLinears
-from ..kv_cache import RollbackCache
-from ..target import Target, eager_attention
-from .base import Capabilities, Draft, DrafterConfig, DrafterSpec, RowStateDrafter, SequenceContext
-from ..trees import children_of
-from .head_io import resolve_head
-from .nets import EagleNet, EagleNetConfig, FrozenVocab, fast_bf16_cpu
-from .prompt_lookup import NgramIndex
+from specdecode.backends.cpu.skinny import SkinnyLinears
+from specdecode.config import DrafterConfig, SpecConfig
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.core.kv_cache import RollbackCache
+from specdecode.core.target import Target, eager_attention
+from specdecode.core.trees import children_of
+from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
+from specdecode.drafters.common.head_io import resolve_head
+from specdecode.drafters.common.nets import DRAFT_VOCAB, EagleNet, EagleNetConfig, FrozenVocab, fast_bf16_cpu
+from specdecode.drafters.common.ngram_index import NgramIndex
+from specdecode.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,6 @@ class TreeBudget:
 
 
 TREE_BUDGETS = {"cpu": TreeBudget(top_k=3, depth=3, nodes=3), "cuda": TreeBudget(top_k=10, depth=8, nodes=63)}
-# Draft vocabulary per device (a prefix of the head's, most frequent first; None = all of it). On the CPU the
-# draft LM head is read once per depth and dominates drafting time: 8192 tokens in bf16 cost ~5 ms a read
-# instead of ~26 ms for 16384 in fp32, and still cover ~98% of answer tokens.
-DRAFT_VOCAB = {"cpu": 8192, "cuda": None}
 
 
 @dataclass

@@ -3,15 +3,17 @@ norm and LM head draft K tokens. The draft shares the target's KV cache: layers 
 KV for every committed token, draft steps write the following slots, and the verify pass overwrites them."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ..config import ConfigError, SpecConfig
-from ..target import Target
-from ..trees import build_block
-from .base import BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .model_step import choose
+from specdecode.config import DrafterConfig, SpecConfig
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
+from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
+from specdecode.drafters.common.model_step import choose
+from specdecode.errors import ConfigError
 
 
 class LayerSkip(BaseDrafter):

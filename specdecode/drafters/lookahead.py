@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 
-from ..config import ConfigError, SpecConfig
-from ..sampling import greedy_tokens
-from .base import AuxBranch, BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, RowCost, Yield, row_cost_for
+from specdecode.config import DrafterConfig, SpecConfig
+from specdecode.core.drafting import AuxBranch, Capabilities, Draft, SequenceContext
+from specdecode.core.sampling import greedy_tokens
+from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
+from specdecode.drafters.common.row_budget import DepthPolicy, RowCost, Yield, row_cost_for
+from specdecode.errors import ConfigError
 
 
 @dataclass(frozen=True)

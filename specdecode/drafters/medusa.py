@@ -7,17 +7,17 @@ Verification is the engine's, exact and lossless. Medusa's "typical acceptance" 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ..config import SpecConfig
-from ..target import Target
-from ..trees import StaticTree, compile_paths
-from .base import BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .eagle import DRAFT_VOCAB
-from .head_io import resolve_head
-from .nets import FrozenVocab, MedusaHeads, MedusaNetConfig, fast_bf16_cpu
+from specdecode.config import DrafterConfig, SpecConfig
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.core.target import Target
+from specdecode.core.trees import StaticTree, compile_paths
+from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
+from specdecode.drafters.common.head_io import resolve_head
+from specdecode.drafters.common.nets import DRAFT_VOCAB, FrozenVocab, MedusaHeads, MedusaNetConfig, fast_bf16_cpu
 
 # A small generic tree (16 nodes, depth 4) for heads that carry none.
 DEFAULT_PATHS = (

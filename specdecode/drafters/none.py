@@ -1,9 +1,10 @@
 """`none`: no draft at all. Plain autoregressive decoding through the same loop: the baseline."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from .base import BaseDrafter, Draft, DrafterSpec, SequenceContext
+from specdecode.core.drafting import Draft, SequenceContext
+from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
 
 
 class NoDrafter(BaseDrafter):

@@ -9,44 +9,13 @@ them on a GPU; on a CPU the depth that pays by how often tokens after a match of
 in this sequence so far (a one-token match usually earns one token at most, a three-token match all k)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from .base import BaseDrafter, Capabilities, Draft, DrafterSpec, SequenceContext
-from .row_budget import DepthPolicy, RowCost, row_cost_for
-
-
-@dataclass
-class NgramIndex:
-    """n-gram (tuple) -> index just after its latest occurrence that has at least one following token."""
-
-    min_n: int
-    max_n: int
-    latest: dict[tuple[int, ...], int] = field(default_factory=dict)
-    indexed: int = 0  # tokens[:indexed] have had their n-grams ending before `indexed` recorded
-
-    def extend(self, tokens: list[int]) -> None:
-        # record n-grams ending at position end-1 whose continuation tokens[end] exists: end < len(tokens)
-        for end in range(max(self.indexed, 1), len(tokens)):
-            for n in range(self.min_n, self.max_n + 1):
-                if end - n >= 0:
-                    self.latest[tuple(tokens[end - n : end])] = end
-        self.indexed = max(self.indexed, len(tokens))
-
-    def lookup(self, tokens: list[int], k: int) -> list[int]:
-        return self.match(tokens, k)[1]
-
-    def match(self, tokens: list[int], k: int) -> tuple[int, list[int]]:
-        """(length of the longest matching n-gram, up to k tokens that followed its latest occurrence);
-        (0, []) when nothing matches."""
-        for n in range(self.max_n, self.min_n - 1, -1):
-            if len(tokens) <= n:
-                continue
-            start = self.latest.get(tuple(tokens[-n:]))
-            if start is not None:
-                return n, tokens[start : start + k]
-        return 0, []
-
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
+from specdecode.drafters.common.ngram_index import NgramIndex
+from specdecode.drafters.common.row_budget import DepthPolicy, RowCost, row_cost_for
 
 # acceptance by depth (token j given token j-1) after a match of 1, 2, 3 tokens, measured with k = 8 on the
 # default model's greedy answers to the first turns of 6 bench questions per category (48), replaying the index

@@ -26,13 +26,15 @@ whatever ran before.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-from ..config import ConfigError, SpecConfig
-from .base import BaseDrafter, Capabilities, Draft, DrafterConfig, DrafterSpec, SequenceContext
-from .row_budget import DepthYield, Probe, RowCost, row_cost_for
-from .suffix_store import StoreStats, SuffixStore, TokenIndex, TrieNode, continuation_trie
+from specdecode.config import DrafterConfig, SpecConfig
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
+from specdecode.drafters.common.row_budget import DepthYield, Probe, RowCost, row_cost_for
+from specdecode.drafters.common.suffix_store import StoreStats, SuffixStore, TokenIndex, TrieNode, continuation_trie
+from specdecode.errors import ConfigError
 
 KINDS = (16, 8, 4, 3, 2, 1)  # match-length classes, longest first
 

@@ -15,8 +15,8 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -26,21 +26,33 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from ..config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig, Structure
-from ..drafters.base import Drafter
-from ..drafters.none import NoDrafter
-from ..drafters.suffix import Suffix
-from ..engine import Engine
-from ..penalties import check_bias
-from ..target import Target
-from . import schemas as s
-from .errors import APIError, bad_request, from_validation
-from .logprobs import chat_logprobs, completion_logprobs
-from .metrics import ServerMetrics
-from .policy import SpecPolicy
-from .router import RoutingDrafter
-from .scheduler import (NO_SPECULATION, Failed, Finished, Job, QueueFull, RequestStats, Scheduler, SchedulerConfig,
-                        TextDelta, Ticket, TooLarge)
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig, Structure
+from specdecode.core.drafting import Drafter
+from specdecode.core.engine import Engine
+from specdecode.core.penalties import check_bias
+from specdecode.core.target import Target
+from specdecode.drafters.none import NoDrafter
+from specdecode.drafters.suffix import Suffix
+from specdecode.errors import ConfigError
+from specdecode.server import schemas as s
+from specdecode.server.errors import APIError, bad_request, from_validation
+from specdecode.server.logprobs import chat_logprobs, completion_logprobs
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.policy import SpecPolicy
+from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduler import (
+    NO_SPECULATION,
+    Failed,
+    Finished,
+    Job,
+    QueueFull,
+    RequestStats,
+    Scheduler,
+    SchedulerConfig,
+    TextDelta,
+    Ticket,
+    TooLarge,
+)
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1  # a full queue drains in about one request's time: clients should come back soon, not at once
@@ -301,7 +313,7 @@ async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
             return
 
 
-async def _sse(ticket: Ticket, reply: "_Reply", include_usage: bool) -> AsyncIterator[str]:
+async def _sse(ticket: Ticket, reply: _Reply, include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with [DONE]. On disconnect Starlette cancels this
     generator; `finally` tells the scheduler, which frees the row before its next step."""
     try:

@@ -2,10 +2,10 @@
 entries). A token's text is its own decoding; chat entries also carry its UTF-8 bytes."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from ..logprobs import TokenLogprob
-from . import schemas as s
+from specdecode.core.logprobs import TokenLogprob
+from specdecode.server import schemas as s
 
 TokenText = Callable[[int], str]
 

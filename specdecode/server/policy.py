@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from ..pass_cost import time_passes
-from ..target import Target
+from specdecode.core.pass_costs import time_passes
+from specdecode.core.target import Target
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class AcceptanceStats:
             self.trials += min(accepted + 1, depth)
             self.accepted += accepted
 
-    def estimate(self, policy: SpecPolicy, max_k: int, prior: "RowEstimate | None" = None) -> RowEstimate:
+    def estimate(self, policy: SpecPolicy, max_k: int, prior: RowEstimate | None = None) -> RowEstimate:
         """Evidence shrunk towards a prior: the drafter's pooled estimate over recent rows when given (so a new
         request starts from what this drafter achieves on the current traffic), else the policy's constants."""
         alpha0, p0 = (prior.alpha, prior.p_draft) if prior else (policy.prior_alpha, 1.0)

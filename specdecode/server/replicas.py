@@ -22,10 +22,11 @@ import hashlib
 import json
 import logging
 import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import ray
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -38,8 +39,8 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.request_router import RequestRouter
 
-from .app import Service, ServerConfig, _read_body, create_app
-from .errors import APIError
+from specdecode.server.app import ServerConfig, Service, _read_body, create_app
+from specdecode.server.errors import APIError
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,6 @@ class EngineReplica:
     """One engine: builds its Service in this process and runs the app of app.py for forwarded requests."""
 
     def __init__(self, build: Callable[[], Service], threads: int):
-        import torch
-
         torch.set_num_threads(threads)
         self.service = build()
         self.service.scheduler.start()  # the app's lifespan does this in the plain server; ASGI calls here skip it

@@ -7,9 +7,9 @@ calls `start` before that, the chosen drafter's own `start` runs lazily, just be
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from ..drafters.base import Capabilities, Draft, Drafter, SequenceContext
+from specdecode.core.drafting import Capabilities, Draft, Drafter, SequenceContext
 
 _KEY, _STARTED = "drafter", "drafter_started"
 

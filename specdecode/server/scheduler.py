@@ -48,12 +48,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..config import GenerationConfig, SamplingConfig
-from ..engine import Engine, Sequence, StepOutcome
-from ..logprobs import TokenLogprob
-from .metrics import ServerMetrics
-from .policy import AcceptanceStats, SpecPolicy
-from .router import RoutingDrafter
+from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.core.engine import Engine, Sequence, StepOutcome
+from specdecode.core.logprobs import TokenLogprob
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.policy import AcceptanceStats, SpecPolicy
+from specdecode.server.router import RoutingDrafter
 
 NO_SPECULATION = "none"
 log = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, ConfigError, Structure
+from specdecode.config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, Structure
+from specdecode.errors import ConfigError
 
 
 class _Request(BaseModel):

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError
+from specdecode.errors import ConfigError
 
 PERMISSIVE = re.compile(r"\b(MIT|BSD|Apache|PSF|Python Software Foundation|ISC)\b", re.I)
 COPYLEFT = re.compile(r"GPL|Copyleft|CC-BY-SA|MPL", re.I)

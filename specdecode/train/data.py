@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from .corpus import TextSource
-from .prompts import Conversation, stage1_prompts, stage2_prompts
+from specdecode.train.corpus import TextSource
+from specdecode.train.prompts import Conversation, stage1_prompts, stage2_prompts
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from .data import Dataset
+from specdecode.train.data import Dataset
 
 
 @dataclass
@@ -27,12 +28,10 @@ class FeatureData:
     def lengths(self) -> torch.Tensor:
         return self.offsets[1:] - self.offsets[:-1]  # [e]
 
-    def to(self, device) -> "FeatureData":
+    def to(self, device) -> FeatureData:
         return FeatureData(self.tokens.to(device), self.offsets, self.loss_start, self.features.to(device), self.meta)
 
     def save(self, directory: str | Path) -> None:
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_file({"tokens": self.tokens.cpu().int(), "offsets": self.offsets.cpu(), "loss_start": self.loss_start.cpu()},
@@ -46,9 +45,7 @@ class FeatureData:
         return all((directory / name).is_file() for name in ("tokens.safetensors", "features.safetensors", "meta.json"))
 
     @staticmethod
-    def load(directory: str | Path) -> "FeatureData":
-        from safetensors.torch import load_file
-
+    def load(directory: str | Path) -> FeatureData:
         directory = Path(directory)
         tokens = load_file(str(directory / "tokens.safetensors"))
         features = load_file(str(directory / "features.safetensors"))["features"]

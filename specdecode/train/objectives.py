@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
-from ..drafters.nets import EagleNet, FrozenVocab, MedusaHeads
+from specdecode.drafters.common.nets import EagleNet, FrozenVocab, MedusaHeads
 
 
 @dataclass(frozen=True)
@@ -61,17 +62,15 @@ def eagle_unroll(net: EagleNet, vocab: FrozenVocab, tokens: torch.Tensor, featur
     """tokens [b, t], features [b, t, h] -> per unrolled step j, [b, t - 1, h]: row i's prediction of f_{i+1}
     from input (feature, token x_{i+1}), where the feature is f_i at step 0 and the step j - 1 output of row
     i - 1 after that (see unroll_mask). Rows i < j are padding."""
-    from transformers import DynamicCache
-
     length = tokens.shape[1] - 1
     embeds = vocab.embed(tokens[:, 1:]).to(features.dtype)  # [b, t', h] tokens x_{i+1}
     positions = torch.arange(length, device=tokens.device)[None].expand(tokens.shape[0], -1)
     cache, inputs, outputs = DynamicCache(), features[:, :-1], []
     for step in range(steps):
-        if step:
-            inputs = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)  # row i gets out[i - 1]
-        out = net(embeds, inputs, positions, unroll_mask(length, step, tokens.device), cache)  # [b, t', h]
-        outputs.append(out)
+        if outputs:
+            last = outputs[-1]
+            inputs = torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1)  # row i gets last[i - 1]
+        outputs.append(net(embeds, inputs, positions, unroll_mask(length, step, tokens.device), cache))  # [b, t', h]
     return outputs
 
 

@@ -13,7 +13,7 @@ import random
 import re
 from pathlib import Path
 
-from ..config import ConfigError
+from specdecode.errors import ConfigError
 
 Conversation = list[dict]  # chat messages: {"role": "user"|"assistant", "content": str}
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..drafters.head_io import fingerprint, save_head
-from ..drafters.medusa import medusa_paths
-from ..drafters.nets import EagleNet, EagleNetConfig, FrozenVocab, MedusaHeads, MedusaNetConfig
-from .features import FeatureData
-from .objectives import Batch, eagle_loss, medusa_loss, medusa_topk_accuracy
+from specdecode.drafters.common.head_io import fingerprint, save_head
+from specdecode.drafters.common.nets import EagleNet, EagleNetConfig, FrozenVocab, MedusaHeads, MedusaNetConfig
+from specdecode.drafters.medusa import medusa_paths
+from specdecode.train.features import FeatureData
+from specdecode.train.objectives import Batch, eagle_loss, medusa_loss, medusa_topk_accuracy
 
 CHECKPOINT = "checkpoint.pt"
 

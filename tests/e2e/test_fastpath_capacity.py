@@ -2,9 +2,9 @@
 so the cache must grow for them too (else they index past the cache), and the real logits stay exact."""
 import torch
 
-from specdecode.fast import FastPathConfig
-from specdecode.target import Target
-from specdecode.trees import build_block
+from specdecode.config import FastPathConfig
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
 from tests.tiny import tiny_llama
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.drafting import Capabilities, Draft
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter, registry
-from specdecode.drafters.base import Capabilities, Draft
-from specdecode.engine import Engine
 from tests.tiny import tiny_drafter
 
 PROMPTS = {
@@ -51,7 +51,7 @@ def test_greedy_equals_plain_with_free_rows(name, tiny_target, tiny_tokenizer, r
 def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
     """The registry's draft model drafts with quantized weights on the CPU by default (int8_draft.draft_format);
     every way the output is the target's."""
-    from specdecode.quant import native
+    from specdecode.backends.cpu import native
 
     if weights.startswith("int4") and native.missing():
         pytest.skip(native.missing())
@@ -66,8 +66,8 @@ def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_to
 def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
     """The draft head cut to its first 64 of 259 ids plus the tokens seen (drafters/shortlist.py): drafts the
     target rejects more often, the same output."""
-    from specdecode.drafters.shortlist import ShortlistHead
-    from specdecode.quant import native
+    from specdecode.backends.cpu import native
+    from specdecode.drafters.common.shortlist import ShortlistHead
 
     if weights == "int4" and native.missing():
         pytest.skip(native.missing())
@@ -137,11 +137,11 @@ def quantized_target(request, tiny_model, tiny_tokenizer):
     layers of `--weights int8` / `int4` (quant/). The quantized model IS the target."""
     import copy
 
-    from specdecode.int8_draft import quantize_linears
-    from specdecode.quant import native
-    from specdecode.models import exact_attention
-    from specdecode.quant.weights import apply
-    from specdecode.target import Target
+    from specdecode.backends.cpu import native
+    from specdecode.backends.cpu.int8 import quantize_linears
+    from specdecode.core.target import Target
+    from specdecode.loading.formats import apply
+    from specdecode.loading.load import exact_attention
 
     model = copy.deepcopy(tiny_model)
     if request.param == "torch-int8":

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.trees import compile_paths
 from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.common.head_io import find_shipped_head
 from specdecode.drafters.eagle import Eagle, TreeBudget
-from specdecode.drafters.head_io import find_shipped_head
-from specdecode.trees import compile_paths
-from specdecode.engine import Engine
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 
 PROMPTS = [
     "Write a Python function that returns the sum of the squares of a list of numbers.",

@@ -9,12 +9,12 @@ import importlib.util
 
 import pytest
 
-from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.config import GenerationConfig, ModelConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter, none
 from specdecode.drafters.draft_model import DraftModel
-from specdecode.engine import Engine
-from specdecode.model_packages import PACKAGED, gguf_path, sha256_file
-from specdecode.target import Target
+from specdecode.loading.packages import PACKAGED, gguf_path, sha256_file
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 PROMPTS = [
@@ -34,9 +34,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def pair() -> tuple[Target, DraftModel]:
-    from specdecode.models import load_model
+    from specdecode.loading.load import load_model
 
-    loaded = load_model(TARGET, weights="auto")
+    loaded = load_model(ModelConfig(TARGET, weights="auto"))
     target = Target(loaded.model, loaded.tokenizer)
     drafter = build_drafter(target, DrafterConfig(name="draft-model", draft_model=DRAFT), SpecConfig())
     assert isinstance(drafter, DraftModel)  # same tokenizer: token drafting, not the cross-tokenizer bridge

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specdecode.api import SpecDecoder
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter, registry
-from specdecode.engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -104,12 +104,12 @@ def test_prompt_lookup_tau_on_repeat_prompt(default_model):
 @pytest.fixture(scope="module")
 def int4_model():
     """The default model with `--weights int4` (q4 layers, q8 head): a different target, its own reference."""
-    from specdecode.models import load_model
-    from specdecode.quant import native
+    from specdecode.backends.cpu import native
+    from specdecode.loading.load import load_model
 
     if native.missing():
         pytest.skip(native.missing())
-    return load_model(weights="int4")
+    return load_model(ModelConfig(weights="int4"))
 
 
 @pytest.mark.parametrize("name", [n for n in registry() if n not in ("none", "draft-model")])
@@ -117,8 +117,8 @@ def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
     """Every drafter over the quantized default model equals plain greedy decoding of that same quantized
     model, token for token (transformers' `generate` on it differs at rounding-level ties: its SDPA sums
     differently, and int8 activations amplify that; see bench.runner.compute_dtype)."""
+    from specdecode.core.target import Target
     from specdecode.drafters import none
-    from specdecode.target import Target
 
     target = Target(int4_model.model, int4_model.tokenizer)
     spec = SpecConfig(k=4, pause_on_time=False)
@@ -137,8 +137,8 @@ def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
 def test_real_greedy_with_penalties_on_the_int4_model(name, int4_model, chat_ids):
     """Frequency and presence penalties and a logit bias over the native decoder: every drafter equals plain
     greedy decoding with the same settings."""
+    from specdecode.core.target import Target
     from specdecode.drafters import none
-    from specdecode.target import Target
 
     target = Target(int4_model.model, int4_model.tokenizer)
     sampling = SamplingConfig(frequency_penalty=0.4, presence_penalty=0.3, logit_bias=((28, -5.0), (30, 2.0)))
@@ -175,8 +175,8 @@ def test_int4_packed_decoder_is_the_model_and_verifies_exactly(int4_model):
     matches transformers' to float rounding and its greedy choices over a prompt match; with an fp16 cache
     (kv_half) too, to 90 %; and a 5-token pass reproduces one-token passes bit for bit with it. Within one layer
     the two differ only where a float rounding flips an int8 activation code."""
-    from specdecode.target import Target
-    from specdecode.trees import build_block
+    from specdecode.core.target import Target
+    from specdecode.core.trees import build_block
 
     native_target = Target(int4_model.model, int4_model.tokenizer)
     half_target = Target(int4_model.model, int4_model.tokenizer, kv_half=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from specdecode.config import SamplingConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 from tests.e2e.server_util import PROMPTS, SPEC, chat_ids, reference, staggered
 
 

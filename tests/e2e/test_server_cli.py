@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.cli import main
+from specdecode.cli.main import main
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -15,10 +15,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdecode.cli import main
+from specdecode.cli.main import main
 from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 from tests.e2e.server_util import MODEL, SPEC, reference, serving, tiny_service
 from tests.fakes import Oracle
 
@@ -267,9 +267,8 @@ def test_openapi_declares_both_request_bodies(server):
                                           (["--api-key", "from-flag"], "from-env", "from-flag")])
 def test_serve_passes_the_key_and_connection_limits(monkeypatch, argv, env, key):
     seen: dict = {}
-    monkeypatch.setattr("specdecode.server.cli.build_service",
-                        lambda args, api_key=None: seen.update(api_key=api_key) or "service")
-    monkeypatch.setattr("specdecode.server.app.create_app", lambda service: "app")
+    monkeypatch.setattr("specdecode.cli.serve.build_service", lambda config: seen.update(api_key=config.api_key) or "service")
+    monkeypatch.setattr("specdecode.cli.serve.create_app", lambda service: "app")
     monkeypatch.setattr("uvicorn.run", lambda app, **settings: seen.update(settings))
     if env is None:
         monkeypatch.delenv("SPECDECODE_API_KEY", raising=False)

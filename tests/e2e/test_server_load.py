@@ -10,7 +10,7 @@ import gc
 import openai
 import psutil
 
-from specdecode.engine import Sequence
+from specdecode.core.engine import Sequence
 from specdecode.server.scheduler import Ticket
 from tests.e2e.server_util import MODEL, PROMPTS, chat_ids, reference, serving, tiny_service
 

@@ -14,9 +14,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specdecode.core.drafting import Draft
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.drafters.base import BaseDrafter, Draft
-from specdecode.target import Target
+from specdecode.drafters.common.base import BaseDrafter
 from tests.e2e.server_util import MODEL, SPEC, serving, tiny_service
 from tests.tiny import tiny_llama
 
@@ -221,7 +222,7 @@ def test_health_reports_a_stalled_scheduler(long_target):
 @pytest.mark.parametrize("text, size", [("2GiB", 2 << 30), ("512MB", 512 * 10**6), ("1000000", 10**6),
                                         ("1.5G", 15 * 10**8), ("64KiB", 64 << 10), ("3b", 3)])
 def test_kv_cache_memory_sizes(text, size):
-    from specdecode.server.cli import memory_size
+    from specdecode.cli.serve import memory_size
 
     assert memory_size(text) == size
 
@@ -230,7 +231,7 @@ def test_kv_cache_memory_sizes(text, size):
 def test_kv_cache_memory_refuses_what_is_no_size(text):
     import argparse
 
-    from specdecode.server.cli import memory_size
+    from specdecode.cli.serve import memory_size
 
     with pytest.raises(argparse.ArgumentTypeError):
         memory_size(text)

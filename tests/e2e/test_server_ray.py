@@ -28,7 +28,7 @@ MAX_TOKENS = 16
 def tiny_replica_service():
     """Runs inside each replica: the same seeded tiny model as the `tiny_target` fixture, so every replica and
     the reference hold identical weights."""
-    from specdecode.target import Target
+    from specdecode.core.target import Target
     from tests.tiny import byte_tokenizer, tiny_llama
 
     return tiny_service(Target(tiny_llama(), byte_tokenizer()))

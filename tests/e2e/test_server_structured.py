@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig, Structure
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 from tests.e2e.server_util import MODEL, PROMPTS, SPEC, chat_ids, serving, tiny_service
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig, Structure
+from specdecode.core.engine import Engine
+from specdecode.core.structured import Grammars, allowed_tokens
 from specdecode.drafters import registry
-from specdecode.engine import Engine
-from specdecode.structured import Grammars, allowed_tokens
 from tests.tiny import tiny_drafter
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},

@@ -7,8 +7,8 @@ import pytest
 
 from specdecode.bench.structured import load_tasks, satisfies
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 from tests.e2e.server_util import chat_ids
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.target import Target
+from specdecode.core.target import Target
 from tests.stats.two_tokens import exact_pairs, tiny_target
 
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.drafters.base import SequenceContext
+from specdecode.core.drafting import SequenceContext
+from specdecode.core.engine import Engine
+from specdecode.core.sampling import probabilities
+from specdecode.core.verify import tree as tree_module
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
-from specdecode.engine import Engine
-from specdecode.sampling import probabilities
-from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
 from tests.tiny_pair import tiny_pair
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdecode.config import SamplingConfig
-from specdecode.drafters.model_step import choose
-from specdecode.sampling import probabilities
+from specdecode.core.sampling import probabilities
+from specdecode.drafters.common.model_step import choose
 from tests.stats.chi2 import chi2_pvalue
 
 VOCAB = 12  # target vocabulary; the draft's logits have two extra columns that must never be drawn

@@ -8,20 +8,19 @@ import dataclasses
 import pytest
 import torch
 
+from specdecode.backends.cpu.int8 import quantize_linears
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.sampling import probabilities
+from specdecode.core.target import Target
+from specdecode.core.verify import tree as tree_module
 from specdecode.drafters import registry
+from specdecode.drafters.common.row_budget import ChainBudget
+from specdecode.drafters.common.shortlist import ShortlistHead
 from specdecode.drafters.draft_model import DraftModel
-from specdecode.drafters.row_budget import ChainBudget
-from specdecode.drafters.shortlist import ShortlistHead
-from specdecode.engine import Engine
-from specdecode.int8_draft import quantize_linears
-from specdecode.sampling import probabilities
-from specdecode.target import Target
-from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
-from tests.tiny import tiny_drafter
-from tests.tiny import tiny_llama
 from tests.stats.two_tokens import PROMPT, SAMPLING, VOCAB, exact_pairs, sample_pairs, tiny_target
+from tests.tiny import tiny_drafter, tiny_llama
 
 SAMPLES = 1000
 
@@ -102,9 +101,9 @@ def test_seeded_generation_is_reproducible(target):
 def test_first_tokens_follow_a_quantized_target(name, weights):
     """A target with quantized linear weights (torch's int8 kernel; `--weights int4`) is sampled exactly: the
     exact joint is computed from the quantized model itself."""
-    from specdecode.quant import native
-    from specdecode.models import exact_attention
-    from specdecode.quant.weights import apply
+    from specdecode.backends.cpu import native
+    from specdecode.loading.formats import apply
+    from specdecode.loading.load import exact_attention
 
     quantized = tiny_target()
     if weights == "torch-int8":
@@ -124,9 +123,9 @@ def test_first_tokens_follow_a_quantized_target(name, weights):
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
 def test_broken_verifier_is_detected_on_an_int4_target(name, monkeypatch):
     """The quantized-target test above can fail: with the residual replaced by p it rejects."""
-    from specdecode.models import exact_attention
-    from specdecode.quant import native
-    from specdecode.quant.weights import apply
+    from specdecode.backends.cpu import native
+    from specdecode.loading.formats import apply
+    from specdecode.loading.load import exact_attention
 
     if native.missing():
         pytest.skip(native.missing())
@@ -183,7 +182,7 @@ def test_first_tokens_follow_the_penalized_target(name, target):
 
 def test_unpenalized_second_tokens_are_detected(target, monkeypatch):
     """The test above can fail: scoring the draft's positions without their own paths' tokens rejects."""
-    from specdecode import engine as engine_module
+    from specdecode.core import engine as engine_module
 
     monkeypatch.setattr(engine_module, "path_tokens", lambda tokens, parents: [[]] * (len(tokens) + 1))
     spec = SpecConfig(k=2)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.verify import tree as tree_module
-from specdecode.verify import verify_sampling
+from specdecode.core.verify import tree as tree_module
+from specdecode.core.verify import verify_sampling
 from tests.stats.chi2 import chi2_pvalue
 
 V = 6

@@ -11,12 +11,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from specdecode import structured
 from specdecode.config import GenerationConfig, SpecConfig, Structure
+from specdecode.core import structured
+from specdecode.core.engine import Engine
+from specdecode.core.sampling import probabilities
+from specdecode.core.target import Target
 from specdecode.drafters.draft_model import DraftModel
-from specdecode.engine import Engine
-from specdecode.sampling import probabilities
-from specdecode.target import Target
 from tests.stats.chi2 import chi2_pvalue
 from tests.stats.two_tokens import PROMPT, SAMPLING, VOCAB
 from tests.tiny import tiny_drafter, tiny_llama

@@ -5,9 +5,9 @@ same test rejects a broken verifier (residual := p)."""
 from __future__ import annotations
 
 from specdecode.config import SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.verify import tree as tree_module
 from specdecode.drafters.suffix import Suffix, SuffixConfig
-from specdecode.engine import Engine
-from specdecode.verify import tree as tree_module
 from tests.stats.chi2 import chi2_pvalue
 from tests.stats.two_tokens import sample_pairs
 

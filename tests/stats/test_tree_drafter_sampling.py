@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from specdecode.config import SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.verify import tree as tree_module
+from specdecode.core.verify import verify_sampling
 from specdecode.drafters import eagle, medusa
-from specdecode.engine import Engine
-from specdecode.verify import tree as tree_module
-from specdecode.verify import verify_sampling
 from tests.stats.chi2 import chi2_pvalue
 from tests.stats.two_tokens import sample_pairs
 

@@ -7,10 +7,10 @@ import dataclasses
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig
-from specdecode.engine import Engine
-from specdecode.sampling import probabilities
-from specdecode.target import Target
-from specdecode.trees import build_block
+from specdecode.core.engine import Engine
+from specdecode.core.sampling import probabilities
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
 from tests.tiny import tiny_llama
 
 VOCAB = 12

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdecode import SpecDecoder
-from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.models import ModelError
-
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from specdecode.errors import ConfigError, ModelError
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 
 
@@ -16,26 +15,32 @@ def decoder(tiny_model_dir) -> SpecDecoder:
     return SpecDecoder.load(tiny_model_dir, "prompt-lookup")
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(drafter=None), "drafter must be a name"),
-    (dict(drafter="prompt-lookup", exit_layer=2), "exit_layer has no effect with drafter prompt-lookup"),
-    (dict(drafter="prompt-lookup", draft_model="x"), "draft_model has no effect"),
-    (dict(drafter="prompt-lookup", lookahead=(1, 4, 1)), "lookahead has no effect"),
-    (dict(drafter="prompt-lookup", draft_weights="int8"), "draft_weights has no effect"),
-    (dict(drafter="prompt-lookup", draft_vocab=4096), "draft_vocab has no effect"),
-    (dict(drafter="draft-model", draft_model="x", draft_vocab=-1), "draft_vocab must be a number of tokens"),
-    (dict(drafter="auto", spec=SpecConfig(confidence=0.5)), "confidence has no effect"),
-    (dict(drafter="layer-skip", exit_layer="2"), "exit_layer must be an integer"),
-    (dict(drafter="lookahead", lookahead=(1, 4)), "lookahead must be three integers"),
-    (dict(drafter="none", device="foo"), "expected cpu, cuda or cuda:N"),
-    (dict(drafter="none", device=None), "device must be a string"),
-    (dict(drafter="none", max_batch=0), "max_batch must be a positive integer"),
-    (dict(drafter="none", spec={"k": 3}), "spec must be a SpecConfig"),
-    (dict(drafter="none", fast=True), "fast must be a FastPathConfig"),
+@pytest.mark.parametrize("make,needle", [
+    (lambda m: dict(drafter=None), "drafter must be a name"),
+    (lambda m: dict(drafter=DrafterConfig("prompt-lookup", exit_layer=2)), "exit_layer has no effect with drafter "
+                                                                            "prompt-lookup"),
+    (lambda m: dict(drafter=DrafterConfig("prompt-lookup", draft_model="x")), "draft_model has no effect"),
+    (lambda m: dict(drafter=DrafterConfig("prompt-lookup", lookahead=(1, 4, 1))), "lookahead has no effect"),
+    (lambda m: dict(drafter=DrafterConfig("prompt-lookup", draft_weights="int8")), "draft_weights has no effect"),
+    (lambda m: dict(drafter=DrafterConfig("prompt-lookup", draft_vocab=4096)), "draft_vocab has no effect"),
+    (lambda m: dict(drafter=DrafterConfig("draft-model", draft_model="x", draft_vocab=-1)),
+     "draft_vocab must be 0 (the whole vocabulary), a number of tokens"),
+    (lambda m: dict(drafter="auto", spec=SpecConfig(confidence=0.5)), "confidence has no effect"),
+    (lambda m: dict(drafter=DrafterConfig("layer-skip", exit_layer="2")), "exit_layer must be an integer"),
+    (lambda m: dict(drafter=DrafterConfig("lookahead", lookahead=(1, 4))), "lookahead must be three integers"),
+    (lambda m: dict(model=ModelConfig(m, device="foo")), "expected cpu, cuda or cuda:N"),
+    (lambda m: dict(model=ModelConfig(m, device=None)), "device must be a string"),
+    (lambda m: dict(model=ModelConfig(m, weights="int3")), "weights must be one of"),
+    (lambda m: dict(model=ModelConfig(m, kv_half=1)), "kv_half must be True or False"),
+    (lambda m: dict(drafter="none", max_batch=0), "max_batch must be a positive integer"),
+    (lambda m: dict(drafter="none", spec={"k": 3}), "spec must be a SpecConfig"),
+    (lambda m: dict(model=ModelConfig(m, fast=True)), "fast must be a FastPathConfig"),
 ])
-def test_load_refuses_bad_arguments(tiny_model_dir, kwargs, needle):
+def test_load_refuses_bad_arguments(tiny_model_dir, make, needle):
+    """The configs check themselves when made (ModelConfig, DrafterConfig) and load() checks how they go together;
+    either way before anything loads."""
     with pytest.raises(ConfigError) as error:
-        SpecDecoder.load(tiny_model_dir, **kwargs)
+        SpecDecoder.load(**{"model": tiny_model_dir, **make(tiny_model_dir)})
     assert needle in str(error.value)
     assert "--" not in str(error.value)  # the library names its own arguments, never the command line's flags
 

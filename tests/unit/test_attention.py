@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from specdecode.attention import NAME, grouped_sdpa_forward, using_grouped_attention
+from specdecode.backends.attention import NAME, grouped_sdpa_forward, using_grouped_attention
 
 
 class _Module(torch.nn.Module):

@@ -1,8 +1,8 @@
 """`--drafter auto` (the default): the best measured drafter for the device, falling back to model-free
 prompt lookup when the model has no trained head."""
 from specdecode.config import SpecConfig
+from specdecode.core.target import Target
 from specdecode.drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter
-from specdecode.target import Target
 
 from ..tiny import tiny_llama
 

@@ -1,12 +1,17 @@
 """The benchmark's opt-in `agentic` category, `--category`, `--suffix-store`, and the warm-up that must not seed a
 drafter's store: all checked without a model."""
+import re
+
 import pytest
 
+from specdecode.bench.generation import Generation
 from specdecode.bench.harness import BenchConfig, validate
-from specdecode.bench.methods import Generation, Method
+from specdecode.bench.methods import Method
 from specdecode.bench.prompts import OPT_IN, load_prompts
 from specdecode.bench.runner import BenchSettings, _warm_up
-from specdecode.config import ConfigError
+from specdecode.cli.args import usage_error
+from specdecode.config import DrafterConfig
+from specdecode.errors import ConfigError
 from tests.tiny import byte_tokenizer
 
 
@@ -38,14 +43,19 @@ def test_unknown_category_names_the_choices():
     ({"confidence": 0.6, "methods": "specdecode-layer-skip"}, None),
 ])
 def test_bench_flags(tmp_path, flags, refused):
-    config = BenchConfig(out=str(tmp_path / "out"), model="unused", **flags)
+    def config() -> BenchConfig:
+        options = {key: value for key, value in flags.items() if key != "suffix_store"}
+        return BenchConfig(out=str(tmp_path / "out"), model="unused",
+                           drafter=DrafterConfig(suffix_store=flags.get("suffix_store")), **options)
+
     if refused is None:
-        questions, _ = validate(config)
-        if config.categories:
+        questions, _ = validate(config())
+        if flags.get("categories"):
             assert len(questions) == 2 and {q.category for q in questions} == {"agentic"}
         return
-    with pytest.raises(ConfigError, match=refused):
-        validate(config)
+    with pytest.raises(ConfigError) as error:  # made (the configs check themselves) or validated
+        validate(config())
+    assert re.search(refused, usage_error(error.value))  # as the command line says it
 
 
 def test_warm_up_resets_what_a_method_learned():

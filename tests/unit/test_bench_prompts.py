@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdecode.bench.prompts import Question, load_prompts, parse_prompts
-from specdecode.config import ConfigError
+from specdecode.errors import ConfigError
 
 RAG = {"question_id": 81, "category": "rag", "turns": ["Passage 1: ... Question: who?"],
        "reference": [["a", "b"], ["c"]]}

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdecode.bench.quality import measure, shipped_text
-from specdecode.cli import main
+from specdecode.cli.main import main
 
 
 def test_formats_against_float32(tiny_model_dir):

@@ -6,11 +6,11 @@ import json
 import pytest
 
 from specdecode.bench import structured as bench
-from specdecode.cli import main
+from specdecode.cli.main import main
 from specdecode.config import SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.structured import Grammars
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
-from specdecode.structured import Grammars
 
 
 def test_shipped_tasks_cover_three_kinds_and_compile(tiny_tokenizer):

@@ -1,8 +1,8 @@
 """Tree blocks: positions, slots and the 4D mask built from parent lists."""
 import torch
 
-from specdecode.drafters.base import Draft
-from specdecode.trees import ancestor_matrix, build_block, children_of, depths_of
+from specdecode.core.drafting import Draft
+from specdecode.core.trees import ancestor_matrix, build_block, children_of, depths_of
 
 
 def test_ancestor_matrix_and_depths():

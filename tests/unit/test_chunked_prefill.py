@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import registry
-from specdecode.engine import Engine
 from specdecode.server.scheduler import Job, Ticket
 from tests.e2e.server_util import tiny_service
 from tests.tiny import tiny_drafter

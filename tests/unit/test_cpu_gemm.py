@@ -2,10 +2,10 @@
 import pytest
 import torch
 
+from specdecode.backends.cpu.skinny import MAX_ROWS, SkinnyLinears, helps, padded_rows, skinny_linear
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.cpu_gemm import MAX_ROWS, SkinnyLinears, helps, padded_rows, skinny_linear
-from specdecode.engine import Engine
-from specdecode.target import Target
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from tests.tiny import tiny_drafter
 
 
@@ -70,7 +70,7 @@ def test_tiny_models_keep_the_stock_kernel(tiny_model):
 def test_kernel_choice_rule(monkeypatch, sweeps, expected):
     """helps() takes the kernel from one row on a clear one-row gain (refusing clear losses at 8 rows), else
     from two rows on a clear 8-row gain."""
-    monkeypatch.setattr("specdecode.cpu_gemm._sweep_ms", lambda *args, **kwargs: sweeps)
+    monkeypatch.setattr("specdecode.backends.cpu.skinny._sweep_ms", lambda *args, **kwargs: sweeps)
     big = torch.nn.Sequential(torch.nn.Linear(3072, 3072, bias=False))  # 36 MiB: beyond MIN_WEIGHT_BYTES
     assert helps(big) == expected
 

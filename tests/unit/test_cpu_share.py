@@ -1,7 +1,7 @@
 """CpuShare: threads per pass, leaving the cores other processes use (fake clocks and counters)."""
 import pytest
 
-from specdecode.cpu_share import CpuShare
+from specdecode.backends.cpu.share import CpuShare
 
 
 class FakeMachine:

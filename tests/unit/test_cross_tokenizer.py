@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters.common.text_bridge import appended_text, committed_text, continuation_ids, encode
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.none import SPEC as NONE_SPEC
-from specdecode.drafters.text_bridge import appended_text, committed_text, continuation_ids, encode
-from specdecode.engine import Engine
-from specdecode.target import Target
+from specdecode.errors import ConfigError
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 from tests.tiny_pair import bpe_tokenizer, char_tokenizer, tiny_pair
 

@@ -2,9 +2,9 @@
 graph records is tested on CUDA by tests/e2e/test_fastpath.py when a GPU is present)."""
 import torch
 
-from specdecode import cuda_graphs
-from specdecode.cuda_graphs import StepGraphs, _Captured
-from specdecode.kv_cache import RollbackCache
+from specdecode.backends.cuda import graphs as cuda_graphs
+from specdecode.backends.cuda.graphs import StepGraphs, _Captured
+from specdecode.core.kv_cache import RollbackCache
 
 
 class _Replay:

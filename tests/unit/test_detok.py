@@ -1,6 +1,6 @@
 """Streaming detokenisation (detok.TextStream): a multi-byte character split over steps is held back until
 complete, and flush hands over what is held exactly once."""
-from specdecode.detok import TextStream
+from specdecode.core.detok import TextStream
 from tests.tiny import byte_tokenizer
 
 

@@ -10,13 +10,13 @@ import copy
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.drafting import Capabilities
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.drafters.base import Capabilities
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.layer_skip import LayerSkip
-from specdecode.engine import Engine
-from specdecode.target import Target
-from specdecode.trees import build_block
 from tests.fakes import WrongThenRightTree
 from tests.tiny import tiny_llama
 

@@ -3,16 +3,17 @@ heads; the incremental tree drafting and the training unroll both equal a plain 
 import pytest
 import torch
 
-from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.drafting import Draft, SequenceContext
+from specdecode.core.engine import Engine
+from specdecode.core.sampling import make_generator
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
 from specdecode.drafters import DrafterConfig, build_drafter, eagle, medusa
-from specdecode.drafters.base import Draft, SequenceContext
-from specdecode.drafters.head_io import load_head, save_head, fingerprint
-from specdecode.drafters.nets import FrozenVocab
-from specdecode.engine import Engine
-from specdecode.sampling import make_generator
-from specdecode.target import Target
+from specdecode.drafters.common.head_io import fingerprint, load_head, save_head
+from specdecode.drafters.common.nets import FrozenVocab
+from specdecode.errors import ConfigError
 from specdecode.train.objectives import eagle_unroll
-from specdecode.trees import build_block
 from tests.tiny import tiny_llama
 
 VOCAB = 16  # small: random trees hit the target's choice often, so acceptance and compaction are exercised

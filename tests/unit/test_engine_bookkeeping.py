@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine, StopText
+from specdecode.core.metrics import GenerationMetrics
+from specdecode.core.target import Target
 from specdecode.drafters.none import SPEC as NONE_SPEC
-from specdecode.engine import Engine, StopText
-from specdecode.metrics import GenerationMetrics
-from specdecode.target import Target
 from tests.fakes import Oracle
 from tests.tiny import byte_tokenizer, tiny_llama
 

@@ -4,10 +4,12 @@ import pytest
 import torch
 from torch import nn
 
-from specdecode.config import ConfigError
-from specdecode.int8_draft import Int8Linear, available, draft_format, quantize_linears
-from specdecode.quant import native
-from specdecode.target import Target
+from specdecode.backends.cpu import native
+from specdecode.backends.cpu.int8 import Int8Linear, available, quantize_linears
+from specdecode.config import ModelConfig
+from specdecode.core.target import Target
+from specdecode.errors import ConfigError
+from specdecode.loading.formats import draft_format
 from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build lacks the int8-weight CPU kernel")
@@ -57,40 +59,41 @@ def test_bias_is_kept():
 
 
 def test_target_weights_choice():
-    """--weights / load_model(weights=): the packaged models default to int4 on the CPU (where the native kernel
+    """--weights / ModelConfig.weights: the packaged models default to int4 on the CPU (where the native kernel
     cannot run: the Qwen pair to torch's int8, SmolLM2 to its float weights), anything else to its dtype's own
     weights; quantized weights off the CPU are one line, bad values too."""
-    from specdecode.models import ModelError, resolve_weights
+    from specdecode.errors import ModelError
+    from specdecode.loading.load import resolve_weights
 
-    assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cpu") == ("int4" if native.missing() is None else "int8")
-    assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cuda") == "same"
-    assert resolve_weights("auto", None, "cpu") == ("int4" if native.missing() is None else "same")
-    assert resolve_weights("auto", "some/dir", "cpu") == "same"
-    assert resolve_weights("int8", "some/dir", "cpu") == "int8"
-    assert resolve_weights("same", "qwen2.5-coder-1.5b", "cpu") == "same"
-    assert resolve_weights("bf16", None, "cpu") == "bf16"
+    assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cpu", weights="auto")) == ("int4" if native.missing() is None else "int8")
+    assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cuda", weights="auto")) == "same"
+    assert resolve_weights(ModelConfig(None, device="cpu", weights="auto")) == ("int4" if native.missing() is None else "same")
+    assert resolve_weights(ModelConfig("some/dir", device="cpu", weights="auto")) == "same"
+    assert resolve_weights(ModelConfig("some/dir", device="cpu", weights="int8")) == "int8"
+    assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cpu", weights="same")) == "same"
+    assert resolve_weights(ModelConfig(None, device="cpu", weights="bf16")) == "bf16"
     with pytest.raises(ModelError, match="not on cuda"):
-        resolve_weights("int8", None, "cuda")
-    with pytest.raises(ModelError, match="weights must be one of"):
-        resolve_weights("int3", None, "cpu")
+        resolve_weights(ModelConfig(None, device="cuda", weights="int8"))
+    with pytest.raises(ConfigError, match="weights must be one of"):
+        resolve_weights(ModelConfig(None, device="cpu", weights="int3"))
 
 
 def test_auto_weights_fall_back_per_model_where_the_native_kernel_cannot_run(monkeypatch):
-    from specdecode.models import resolve_weights
-    from specdecode.quant import weights
+    from specdecode.loading import formats as weights
+    from specdecode.loading.load import resolve_weights
 
     monkeypatch.setattr(weights, "unavailable", lambda fmt, device: None if fmt == "int8" else "no kernel here")
-    assert resolve_weights("auto", "qwen2.5-coder-1.5b", "cpu") == "int8"
-    assert resolve_weights("auto", "smollm2-135m-instruct", "cpu") == "same"
+    assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cpu", weights="auto")) == "int8"
+    assert resolve_weights(ModelConfig("smollm2-135m-instruct", device="cpu", weights="auto")) == "same"
 
 
 def test_load_model_with_int8_weights(tiny_model_dir):
     """`--weights int8` packs q8 layers with the native kernel (quant/), torch's int8 kernel where it cannot run;
     a layer whose shape does not fit the packed layout (the tiny head's 259 outputs) keeps its float weights."""
-    from specdecode.models import load_model
-    from specdecode.quant.linear import PackedLinear
+    from specdecode.backends.cpu.linear import PackedLinear
+    from specdecode.loading.load import load_model
 
-    model = load_model(tiny_model_dir, weights="int8").model
+    model = load_model(ModelConfig(tiny_model_dir, weights="int8")).model
     kind = PackedLinear if native.missing() is None else Int8Linear
     layers = [m for name, m in model.named_modules() if name.endswith("_proj")]
     assert layers and all(isinstance(m, kind) for m in layers)

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.kv_cache import RollbackCache
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
-from specdecode.kv_cache import RollbackCache
 from tests.fakes import WrongThenRightTree
 
 PROMPT = "abcabcabd abcabc"

@@ -6,14 +6,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.drafting import AuxBranch, Draft
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.core.trees import ancestor_matrix
 from specdecode.drafters import build_drafter, registry
-from specdecode.drafters.base import AuxBranch, BaseDrafter, Draft, DrafterConfig
+from specdecode.drafters.common.base import BaseDrafter
 from specdecode.drafters.lookahead import Lookahead, LookaheadConfig, NgramPool, candidate_tree, window_parents
 from specdecode.drafters.none import SPEC as NONE_SPEC
-from specdecode.engine import Engine
-from specdecode.target import Target
-from specdecode.trees import ancestor_matrix
+from specdecode.errors import ConfigError
 
 
 def tiny_target(vocab: int = 48, seed: int = 0) -> Target:
@@ -151,7 +153,7 @@ def test_greedy_batch_equals_plain():
 
 
 def _ctx(tokens: list[int], k: int = 4):
-    from specdecode.drafters.base import SequenceContext
+    from specdecode.core.drafting import SequenceContext
 
     return SequenceContext(0, list(tokens), 0, k, SamplingConfig(), torch.Generator())
 

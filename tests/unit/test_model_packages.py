@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specdecode import model_packages
-from specdecode.model_packages import PackagedModel, PackageError, gguf_path
+from specdecode.loading import packages as model_packages
+from specdecode.loading.packages import PackagedModel, PackageError, gguf_path
 
 PARTS = [b"GGUF" + bytes(range(256)) * 40, bytes(reversed(range(256))) * 33, b"tail" * 1000]
 WHOLE = b"".join(PARTS)
@@ -153,7 +153,7 @@ def test_bars_are_drawn_on_a_terminal_only(fake, tmp_path, capsys):
     not a terminal) they would be many lines before a one-line error, so they draw nothing there."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from specdecode.models import _bar_on_terminal_only
+    from specdecode.loading.gguf import _bar_on_terminal_only
 
     gguf_path(fake, tmp_path / "cache")
     with _bar_on_terminal_only():
@@ -168,16 +168,16 @@ def test_bars_are_drawn_on_a_terminal_only(fake, tmp_path, capsys):
 def test_a_full_disk_while_converting_is_one_line(tmp_path, monkeypatch):
     """The first load writes a converted copy (~6 GB for the Qwen 1.5B): a full disk is a one-line ModelError,
     not safetensors' own exception and its traceback."""
-    import safetensors.torch
     from safetensors import SafetensorError
 
-    from specdecode import models
+    from specdecode.errors import ModelError
+    from specdecode.loading import gguf, names
 
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(safetensors.torch, "save_model", full)
-    with pytest.raises(models.ModelError, match="No space left on device") as raised:
-        models.converted_gguf_dir(models.packaged_gguf_path())
+    monkeypatch.setattr(gguf, "save_model", full)
+    with pytest.raises(ModelError, match="No space left on device") as raised:
+        gguf.converted_gguf_dir(names.packaged_gguf_path())
     assert "\n" not in str(raised.value)

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from specdecode import api
-from specdecode.config import ConfigError
-from specdecode.own_thread import run_in_own_thread
+from specdecode.backends.cpu.own_thread import run_in_own_thread
+from specdecode.errors import ConfigError
 
 
 def test_runs_elsewhere_and_returns_or_raises():
@@ -39,10 +39,10 @@ def test_the_library_loads_on_a_thread_that_has_ended(tiny_model_dir, monkeypatc
 
 
 def test_the_server_loads_on_a_thread_that_has_ended(monkeypatch):
-    from specdecode.server import cli as server_cli
+    from specdecode.server import service
 
     seen = []
-    monkeypatch.setattr(server_cli, "_build_service", lambda args, key: seen.append(threading.current_thread()))
-    server_cli.build_service(type("Args", (), {"device": "cpu"})())
+    monkeypatch.setattr(service, "_build_service", lambda config: seen.append(threading.current_thread()))
+    service.build_service(service.ServeConfig())
     [loader] = seen
     assert loader is not threading.current_thread() and not loader.is_alive()

@@ -4,10 +4,11 @@ import pytest
 import torch
 import transformers
 
-from specdecode.models import load_model
-from specdecode.quant import native
-from specdecode.target import Target
-from specdecode.trees import build_block
+from specdecode.backends.cpu import native
+from specdecode.config import ModelConfig
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
+from specdecode.loading.load import load_model
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
@@ -27,7 +28,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 def test_a_second_load_reads_the_packed_copy_and_is_the_same_model(weights, tiny_model_dir, cache_dir, monkeypatch):
-    first = load_model(tiny_model_dir, weights=weights).model
+    first = load_model(ModelConfig(tiny_model_dir, weights=weights)).model
     files = list((cache_dir / "packed").glob(f"*-{weights}-*.pt"))
     assert len(files) == 1
 
@@ -35,7 +36,7 @@ def test_a_second_load_reads_the_packed_copy_and_is_the_same_model(weights, tiny
         raise AssertionError("the float weights were read again")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_float_weights)
-    second = load_model(tiny_model_dir, weights=weights).model
+    second = load_model(ModelConfig(tiny_model_dir, weights=weights)).model
     assert Target(second).packed_decoder
     assert torch.equal(logits(first), logits(second))
     for (name, a), (_, b) in zip(sorted(first.state_dict().items()), sorted(second.state_dict().items())):
@@ -44,34 +45,34 @@ def test_a_second_load_reads_the_packed_copy_and_is_the_same_model(weights, tiny
 
 
 def test_a_damaged_copy_is_packed_again(tiny_model_dir, cache_dir):
-    reference = logits(load_model(tiny_model_dir, weights="int4").model)
+    reference = logits(load_model(ModelConfig(tiny_model_dir, weights="int4")).model)
     [path] = (cache_dir / "packed").glob("*.pt")
     path.write_bytes(b"not a checkpoint")
-    assert torch.equal(logits(load_model(tiny_model_dir, weights="int4").model), reference)
+    assert torch.equal(logits(load_model(ModelConfig(tiny_model_dir, weights="int4")).model), reference)
     assert path.stat().st_size > 1000  # rewritten
 
 
 def test_a_changed_packing_replaces_the_older_copy(tiny_model_dir, cache_dir, monkeypatch, tmp_path):
     """A new version of the packing code (another digest) writes a new copy and deletes the old one; copies of
     other formats stay."""
-    from specdecode.quant import packed_cache
+    from specdecode.loading import packed_cache
 
-    load_model(tiny_model_dir, weights="int8")
-    load_model(tiny_model_dir, weights="int4")
+    load_model(ModelConfig(tiny_model_dir, weights="int8"))
+    load_model(ModelConfig(tiny_model_dir, weights="int4"))
     [old] = (cache_dir / "packed").glob("*-int4-*.pt")
     earlier = old.with_name(old.stem.split("-int4-")[0] + "-int4-0123456789abcdef.pt")  # an earlier version's name
     earlier.write_bytes(b"an older packed copy")
     changed = tmp_path / "linear.py"
     changed.write_text(packed_cache._CODE[0].read_text() + "\n# a newer packing\n")
     monkeypatch.setattr(packed_cache, "_CODE", (changed,))
-    load_model(tiny_model_dir, weights="int4")
+    load_model(ModelConfig(tiny_model_dir, weights="int4"))
     [new] = (cache_dir / "packed").glob("*-int4-*.pt")
     assert new != old and not old.exists() and not earlier.exists()
     assert len(list((cache_dir / "packed").glob("*-int8-*.pt"))) == 1
 
 
 def test_float_weights_are_not_cached(tiny_model_dir, cache_dir):
-    load_model(tiny_model_dir, weights="fp32")
+    load_model(ModelConfig(tiny_model_dir, weights="fp32"))
     assert not (cache_dir / "packed").exists()
 
 
@@ -79,9 +80,9 @@ def test_float_weights_are_not_cached(tiny_model_dir, cache_dir):
 def test_a_gguf_loaded_packed_never_writes_its_float_weights(cache_dir, monkeypatch):
     """The default GGUF loaded in int4 with an empty cache: the converted copy holds no weights (the Qwen 1.5B's
     would be 6.2 GB), and the second load converts nothing."""
-    from specdecode import models
+    from specdecode.loading import gguf
 
-    first = load_model(None, weights="int4").model
+    first = load_model(ModelConfig(None, weights="int4")).model
     [directory] = [p for p in cache_dir.iterdir() if p.name.startswith("SmolLM2")]
     assert (directory / "config.json").is_file() and not list(directory.glob("*.safetensors"))
     assert len(list((cache_dir / "packed").glob("*-int4-*.pt"))) == 1
@@ -89,8 +90,8 @@ def test_a_gguf_loaded_packed_never_writes_its_float_weights(cache_dir, monkeypa
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
-    assert torch.equal(logits(first), logits(load_model(None, weights="int4").model))
+    monkeypatch.setattr(gguf, "_convert_gguf", no_conversion)
+    assert torch.equal(logits(first), logits(load_model(ModelConfig(None, weights="int4")).model))
 
 
 def test_writing_the_weights_later_keeps_the_packed_copy_name(tmp_path):
@@ -98,7 +99,7 @@ def test_writing_the_weights_later_keeps_the_packed_copy_name(tmp_path):
     gains their entries, and the packed copy's name must not change (it would be packed again)."""
     import json
 
-    from specdecode.quant import packed_cache
+    from specdecode.loading import packed_cache
 
     directory = tmp_path / "model"
     directory.mkdir()

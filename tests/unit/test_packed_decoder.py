@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specdecode.config import ConfigError
-from specdecode.quant import native
-from specdecode.quant.weights import apply
-from specdecode.target import Target
-from specdecode.trees import build_block
+from specdecode.backends.cpu import native
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
+from specdecode.errors import ConfigError
+from specdecode.loading.formats import apply
 from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
@@ -186,7 +186,7 @@ def test_float_models_keep_their_own_forward():
 def test_the_rotary_table_holds_what_the_module_returns():
     """Looked-up cos/sin equal the model's rotary module at every position, bit for bit (the table grows past
     its first size); a rope whose frequencies depend on the sequence length is not tabled."""
-    from specdecode.quant.decoder import RotaryTable
+    from specdecode.backends.cpu.decoder import RotaryTable
 
     for model in (tiny_llama(), tiny_qwen2()):
         table, rotary = RotaryTable(model.model.rotary_emb), model.model.rotary_emb

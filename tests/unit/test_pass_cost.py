@@ -1,6 +1,6 @@
 """One module times target passes for the row cost, the server's cost table and the benchmark's curve."""
 from specdecode.bench.passcost import pass_costs
-from specdecode.pass_cost import time_passes
+from specdecode.core.pass_costs import time_passes
 from specdecode.server.policy import calibrate
 
 

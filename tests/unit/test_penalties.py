@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.config import ConfigError, SamplingConfig
-from specdecode.penalties import check_bias, path_tokens, penalize
-from specdecode.sampling import probabilities
+from specdecode.config import SamplingConfig
+from specdecode.core.penalties import check_bias, path_tokens, penalize
+from specdecode.core.sampling import probabilities
+from specdecode.errors import ConfigError
 
 ALL = SamplingConfig(presence_penalty=0.7, frequency_penalty=0.45, repetition_penalty=1.3,
                      logit_bias=((2, 3.5), (7, -100.0)))

@@ -2,8 +2,8 @@
 alone and the padded batch's, and no row is padded to the longest context."""
 import torch
 
-from specdecode.target import Target
-from specdecode.trees import build_block
+from specdecode.core.target import Target
+from specdecode.core.trees import build_block
 from tests.tiny import tiny_llama
 
 LENGTHS = (600, 5)  # cached tokens per row: very different contexts, one long enough (PER_ROW_MIN_CONTEXT)

@@ -8,9 +8,9 @@ import copy
 import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
-from specdecode.target import Target
 from tests.tiny import tiny_drafter
 
 CONFIG = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
@@ -19,9 +19,9 @@ SPEC = SpecConfig(k=4)
 
 @pytest.fixture(scope="module")
 def packed_target(tiny_model, tiny_tokenizer):
-    from specdecode.models import exact_attention
-    from specdecode.quant import native
-    from specdecode.quant.weights import apply
+    from specdecode.backends.cpu import native
+    from specdecode.loading.formats import apply
+    from specdecode.loading.load import exact_attention
 
     if native.missing():
         pytest.skip(native.missing())

@@ -1,7 +1,7 @@
 """n-gram index used by prompt lookup: latest occurrence, longest n first."""
 import pytest
 
-from specdecode.drafters.prompt_lookup import NgramIndex
+from specdecode.drafters.common.ngram_index import NgramIndex
 
 CASES = [
     # tokens, k, expected draft
@@ -30,9 +30,10 @@ def test_incremental_extension_matches_batch():
 
 
 def _propose(drafter, tokens: list[int], k: int = 5, sampling=None):
-    from specdecode.config import SamplingConfig
-    from specdecode.drafters.base import SequenceContext
     import torch
+
+    from specdecode.config import SamplingConfig
+    from specdecode.core.drafting import SequenceContext
 
     seq = SequenceContext(0, list(tokens), 0, k, sampling or SamplingConfig(), torch.Generator())
     drafter.start(seq)
@@ -56,8 +57,8 @@ def test_a_seeded_sequence_never_plans_with_the_measured_cost():
     """The measured row cost differs between processes; a seeded sampled sequence's drafts (so its random draws,
     so its text) must not: it plans with the configured cost, else free rows. Unseeded ones use the measure."""
     from specdecode.config import SamplingConfig
+    from specdecode.drafters.common.row_budget import RowCost
     from specdecode.drafters.prompt_lookup import PromptLookup
-    from specdecode.drafters.row_budget import RowCost
 
     class Measured:
         row_cost = 0.13

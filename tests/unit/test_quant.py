@@ -5,9 +5,19 @@ import pytest
 import torch
 from torch import nn
 
-from specdecode.quant import native
-from specdecode.quant.linear import (BLOCK, HalfEmbedding, PackedLinear, _packed_matmul, pack_model, packable,
-                                     quantize_activations, quantize_q4, quantize_q8)
+from specdecode.backends.cpu import native
+from specdecode.backends.cpu.linear import (
+    BLOCK,
+    HalfEmbedding,
+    PackedLinear,
+    _packed_matmul,
+    pack_model,
+    packable,
+    quantize_activations,
+    quantize_q4,
+    quantize_q8,
+)
+from specdecode.config import ModelConfig
 from tests.tiny import tiny_llama
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=f"no native kernel: {native.missing()}")
@@ -112,7 +122,7 @@ def test_pack_model_replaces_what_fits():
 
 
 def test_int4_keeps_the_head_in_8_bits_and_int4_all_does_not():
-    from specdecode.quant.weights import apply
+    from specdecode.loading.formats import apply
 
     for fmt, head in (("int4", "q8"), ("int4-all", "q4")):
         model = tiny_llama(vocab_size=264, layers=1, seed=3)
@@ -122,8 +132,8 @@ def test_int4_keeps_the_head_in_8_bits_and_int4_all_does_not():
 
 def test_default_gguf_formats_follow_its_tensor_types():
     """SmolLM2's GGUF: Q4_1 layers -> q4, its tied head follows token_embd (Q8_0) -> q8."""
-    from specdecode.models import default_gguf_path
-    from specdecode.quant.weights import gguf_formats
+    from specdecode.loading.formats import gguf_formats
+    from specdecode.loading.names import default_gguf_path
 
     formats = gguf_formats(default_gguf_path())
     assert formats["layers.0.self_attn.q_proj"] == "q4" and formats["layers.29.mlp.down_proj"] == "q4"
@@ -132,19 +142,20 @@ def test_default_gguf_formats_follow_its_tensor_types():
 
 
 def test_weights_errors_are_one_line(tiny_model_dir):
-    from specdecode.models import ModelError, load_model
+    from specdecode.errors import ModelError
+    from specdecode.loading.load import load_model
 
     with pytest.raises(ModelError, match="need a GGUF model"):
-        load_model(tiny_model_dir, weights="gguf")
+        load_model(ModelConfig(tiny_model_dir, weights="gguf"))
     with pytest.raises(ModelError, match="contradict dtype"):
-        load_model(tiny_model_dir, weights="fp32", dtype="bfloat16")
+        load_model(ModelConfig(tiny_model_dir, weights="fp32", dtype="bfloat16"))
     with pytest.raises(ModelError, match="float32 activations"):
-        load_model(tiny_model_dir, weights="int4", dtype="bfloat16")
+        load_model(ModelConfig(tiny_model_dir, weights="int4", dtype="bfloat16"))
 
 
 @pytest.mark.parametrize("weights", ["int3", "gguf4"])
 def test_bad_weights_flag_exits_2(weights, capsys):
-    from specdecode.cli import main
+    from specdecode.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--weights", weights, "hi"])
@@ -156,8 +167,9 @@ def test_bad_weights_flag_exits_2(weights, capsys):
 def test_row_exact_attention_matches_sdpa_and_is_row_independent():
     """attention.row_exact_forward: SDPA's values (to float rounding) under a tree mask, and each row's output
     equal bit for bit to attending alone over exactly its visible keys."""
-    from specdecode.attention import row_exact_forward
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specdecode.backends.attention import row_exact_forward
 
     torch.manual_seed(0)
     module = nn.Module()

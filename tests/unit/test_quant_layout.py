@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from specdecode.quant import native
-from specdecode.quant.linear import GROUP, PackedLinear, quantize_q4, quantize_q8
+from specdecode.backends.cpu import native
+from specdecode.backends.cpu.linear import GROUP, PackedLinear, quantize_q4, quantize_q8
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=f"no native kernel: {native.missing()}")
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from specdecode.cli import build_parser, main
-from specdecode.server.cli import replica_flags
+from specdecode.cli.main import build_parser, main
+from specdecode.cli.serve import replica_flags
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -43,10 +43,10 @@ def test_replica_flags():
 
 
 def test_the_plain_server_does_not_import_ray(tiny_model_dir):
-    code = ("import sys; from specdecode.cli import build_parser; from specdecode.server.cli import build_service, "
-            "replica_flags; from specdecode.server.app import create_app; "
-            f"args = build_parser().parse_args(['serve', '--model', {tiny_model_dir!r}, '--kv-cache-memory', '1MiB']); "
-            "assert replica_flags(args) is None; create_app(build_service(args)); "
+    code = ("import sys; from specdecode.cli.main import build_parser; from specdecode.cli.serve import replica_flags, "
+            "serve_config; from specdecode.server.service import build_service; from specdecode.server.app import "
+            f"create_app; args = build_parser().parse_args(['serve', '--model', {tiny_model_dir!r}, '--kv-cache-memory', "
+            "'1MiB']); assert replica_flags(args) is None; create_app(build_service(serve_config(args))); "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -3,10 +3,10 @@ interleave in one batch (a draft verified on another row stays lossless but wast
 check catches a mix-up)."""
 import torch
 
-from specdecode.config import SamplingConfig
-from specdecode.config import SpecConfig
-from specdecode.drafters.base import BaseDrafter, Capabilities, Draft, SequenceContext
-from specdecode.engine import Engine
+from specdecode.config import SamplingConfig, SpecConfig
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.core.engine import Engine
+from specdecode.drafters.common.base import BaseDrafter
 from specdecode.server.router import RoutingDrafter
 
 

@@ -7,13 +7,20 @@ import time
 import pytest
 import torch
 
+from specdecode.backends.cpu.own_thread import run_in_own_thread
 from specdecode.config import SamplingConfig
-from specdecode.drafters.base import SequenceContext
+from specdecode.core.drafting import SequenceContext
+from specdecode.core.pass_costs import measure_row_cost
+from specdecode.drafters.common.row_budget import (
+    ChainWalk,
+    DepthPolicy,
+    DepthYield,
+    Probe,
+    RowCost,
+    Yield,
+    row_cost_for,
+)
 from specdecode.drafters.prompt_lookup import PromptLookup
-from specdecode.drafters.row_budget import (ChainWalk, DepthPolicy, DepthYield, Probe, RowCost, Yield,
-                                             row_cost_for)
-from specdecode.own_thread import run_in_own_thread
-from specdecode.pass_cost import measure_row_cost
 
 
 @pytest.mark.parametrize("prior, accepted, rows, cost, every, verdicts", [
@@ -136,10 +143,10 @@ def test_row_cost_is_measured_on_the_target():
 
 def test_target_measures_once(monkeypatch, tiny_model):
     """Every table drafter built on a Target plans with one measurement (~0.5 s on the real model)."""
-    from specdecode.target import Target
+    from specdecode.core.target import Target
 
     calls = []
-    monkeypatch.setattr("specdecode.target.measure_row_cost", lambda target: calls.append(target) or 0.2)
+    monkeypatch.setattr("specdecode.core.target.measure_row_cost", lambda target: calls.append(target) or 0.2)
     target = Target(tiny_model)
     assert (target.row_cost, target.row_cost, len(calls)) == (0.2, 0.2, 1)
 

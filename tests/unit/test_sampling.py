@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from specdecode.config import ConfigError, SamplingConfig, SpecConfig
-from specdecode.sampling import probabilities
-from specdecode.speculation import SpeculationLength
-from specdecode.verify import verify_sampling
+from specdecode.config import SamplingConfig, SpecConfig
+from specdecode.core.sampling import probabilities
+from specdecode.core.speculation import SpeculationLength
+from specdecode.core.verify import verify_sampling
+from specdecode.errors import ConfigError
 
 
 def test_top_k_keeps_k_largest():
@@ -162,7 +163,7 @@ def test_pause_config_checked():
 
 def test_greedy_tokens_pick_as_argmax():
     """max's index (faster on the CPU) picks what argmax picks: the first of tied maxima, NaN as the largest."""
-    from specdecode.sampling import greedy_tokens
+    from specdecode.core.sampling import greedy_tokens
 
     torch.manual_seed(0)
     cases = [torch.tensor([1.0, 3, 3, 2]), torch.tensor([1.0, float("nan"), 3, float("nan")]),

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import Job, QueueFull, Scheduler, SchedulerConfig, Ticket
@@ -34,11 +34,11 @@ def test_the_worker_measures_the_row_cost_on_its_own_thread(tiny_model, tiny_tok
     before the first request: not on the thread that built the server."""
     import threading
 
-    from specdecode.target import Target
+    from specdecode.core.target import Target
 
     target = Target(tiny_model, tiny_tokenizer)  # its own: a Target measures once
     threads = []
-    monkeypatch.setattr("specdecode.target.measure_row_cost",
+    monkeypatch.setattr("specdecode.core.target.measure_row_cost",
                         lambda target: threads.append(threading.current_thread().name) or 0.2)
     spec = SpecConfig(k=2)
     router = RoutingDrafter({"prompt-lookup": build_drafter(target, DrafterConfig(name="prompt-lookup"), spec)},

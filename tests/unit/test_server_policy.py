@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.server.policy import (SMOLLM2_CPU_FP32, SMOLLM2_CPU_INT4, AcceptanceStats, CostTable, RowEstimate,
-                                      SpecPolicy, builtin_table)
+from specdecode.server.policy import (
+    SMOLLM2_CPU_FP32,
+    SMOLLM2_CPU_INT4,
+    AcceptanceStats,
+    CostTable,
+    RowEstimate,
+    SpecPolicy,
+    builtin_table,
+)
 
 # A CPU-like table: at batch 1 extra tokens are cheap; at batch 16 the pass grows ~linearly with tokens.
 TABLE = CostTable(batches=(1, 16), qs=(1, 5), ms=((100.0, 140.0), (400.0, 1600.0)))

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from specdecode.drafters.shortlist import ShortlistHead, shortlist_size
-from specdecode.int8_draft import Int8Linear
-from specdecode.quant import native
-from specdecode.quant.linear import PackedLinear
+from specdecode.backends.cpu import native
+from specdecode.backends.cpu.int8 import Int8Linear
+from specdecode.backends.cpu.linear import PackedLinear
+from specdecode.drafters.common.shortlist import ShortlistHead, shortlist_size
 
 VOCAB, HIDDEN = 96, 64
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode import engine as engine_module
-from specdecode.config import ConfigError, GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.drafters.base import DrafterConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core import engine as engine_module
+from specdecode.core.engine import Engine
+from specdecode.core.speculation import PLAIN_SAMPLES, SpeculationLength
 from specdecode.drafters.none import SPEC as NONE_SPEC
-from specdecode.engine import Engine
-from specdecode.speculation import PLAIN_SAMPLES, SpeculationLength
+from specdecode.errors import ConfigError
 from tests.fakes import TimedOracle
 
 PLAIN_S = 0.030  # seconds per plain step (one committed token)

@@ -3,8 +3,8 @@ text at stop strings in one place, and keeps a row's commit failure to that row.
 import pytest
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.engine import Engine
 from tests.fakes import Oracle
 
 PROMPT = "abcabcabd abcabc"

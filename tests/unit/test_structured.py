@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
-from specdecode.config import ConfigError, GenerationConfig, Structure
-from specdecode.drafters.base import Draft
-from specdecode.structured import Grammars, allowed_tokens, mask_logits
+from specdecode.config import GenerationConfig, Structure
+from specdecode.core.drafting import Draft
+from specdecode.core.structured import Grammars, allowed_tokens, mask_logits
+from specdecode.errors import ConfigError
 from tests.tiny import byte_tokenizer
 
 VOCAB = 259

@@ -1,8 +1,8 @@
 """The suffix store and the suffix drafter's tree choice: table-driven, no model."""
 import pytest
 
+from specdecode.drafters.common.suffix_store import SuffixStore, TokenIndex, continuation_trie
 from specdecode.drafters.suffix import kind_of, select_nodes, tree_draft
-from specdecode.drafters.suffix_store import SuffixStore, TokenIndex, continuation_trie
 
 
 def test_index_finds_the_longest_match_and_what_followed():

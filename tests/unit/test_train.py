@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdecode.cli import main
+from specdecode.cli.main import main
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import DrafterConfig, build_drafter
-from specdecode.drafters.head_io import load_head
-from specdecode.engine import Engine
-from specdecode.target import Target
+from specdecode.drafters.common.head_io import load_head
 from specdecode.train.corpus import TextSource
 from specdecode.train.data import DataConfig, build_dataset
 from specdecode.train.features import FeatureData, choose_draft_vocab, compute_features, target_token_counts

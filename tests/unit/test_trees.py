@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdecode.trees import build_block, compile_paths
+from specdecode.core.trees import build_block, compile_paths
 
 CASES = [
     # paths, parents, depths, ranks, top_k per depth

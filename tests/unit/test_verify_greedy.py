@@ -1,7 +1,7 @@
 """Table-driven tests of greedy verification (chains and trees)."""
 import pytest
 
-from specdecode.verify import verify_greedy
+from specdecode.core.verify import verify_greedy
 
 CHAIN = (-1, 0, 1)
 

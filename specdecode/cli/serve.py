@@ -1,0 +1,201 @@
+"""`specdecode serve`: the OpenAI-compatible server on uvicorn, or over engine replicas on Ray Serve. The flags
+become a ServeConfig (server/service.py) here, once; uvicorn's and Ray's settings stay here."""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import signal
+from dataclasses import dataclass
+
+import uvicorn
+
+from specdecode.cli.args import add_model_args, drafter_config, model_config, spec_config
+from specdecode.errors import ConfigError
+from specdecode.server.app import create_app
+from specdecode.server.service import AUTO_KV_SHARE, K_POLICIES, ServeConfig, build_service
+
+API_KEY_ENV = "SPECDECODE_API_KEY"
+MAX_HEADER_BYTES = 16 << 10  # h11 buffers at most this much of an unfinished request head, then answers 400
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    # prompt lookup: it drafts for a whole batch at once and the K policy's cost table was measured with it
+    add_model_args(parser, "prompt-lookup")
+    parser.add_argument("--allow-drafters", default="",
+                        help="comma-separated extra drafters a request may choose with "
+                             "{\"speculation\": {\"drafter\": NAME}} (the default drafter and 'none' always can)")
+    parser.add_argument("--served-model-name", default=None, help="the `model` name clients send")
+    parser.add_argument("--max-batch", type=int, default=8, help="sequences decoded together")
+    parser.add_argument("--max-queue", type=int, default=64, help="waiting requests before answering 429")
+    parser.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it")
+    parser.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="BYTES",
+                        help="KV cache memory that requests may reserve (prompt + max_tokens each), in bytes or "
+                             "with a unit (2GiB, 512MB); a request that does not fit now is answered 429, one that "
+                             f"never can 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or of the free GPU memory "
+                             "after loading)")
+    parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
+                        help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU, "
+                             "int4 or fp32), calibrate (measure this model at startup), fixed (always --k)")
+
+
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+          "T": 1000**4, "TB": 1000**4, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def memory_size(text: str) -> int:
+    """argparse type: a positive byte count, alone or with a unit: 2GiB, 1.5GB, 512MiB, 1000000."""
+    number, unit = text.strip(), ""
+    while number and number[-1].isalpha():
+        number, unit = number[:-1], number[-1] + unit
+    try:
+        value = float(number.strip()) * _UNITS[unit.upper()]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a size like 2GiB, 512MB or 1000000, got {text!r}") from None
+    if not 1 <= value < float(1 << 62):
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(value)
+
+
+def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeConfig:
+    """The serve flags as a ServeConfig, `auto` resolved and every option checked (before anything loads)."""
+    allowed = tuple(n.strip() for n in args.allow_drafters.split(",") if n.strip())
+    config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
+                         args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
+                         args.kv_cache_memory, api_key)
+    return config.resolved()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    scaling = replica_flags(args)  # checked before the model loads (and before Ray starts)
+    settings = uvicorn_settings(args)
+    config = serve_config(args, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
+    if scaling is not None:
+        return _serve_replicas(args, config, scaling)
+    uvicorn.run(create_app(build_service(config)), **settings)
+    return 0
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The replica flags, checked: replicas to start, autoscaling bounds (None: a fixed count), Ray CPUs and torch
+    threads per replica, and the cluster to join (None: start Ray here)."""
+
+    replicas: int
+    min_replicas: int | None
+    max_replicas: int | None
+    cpus: float
+    threads: int
+    ray_address: str | None
+
+
+def replica_flags(args: argparse.Namespace, cores: int | None = None) -> Scaling | None:
+    """The --replicas family of flags as a Scaling, or None without --replicas (then none of them may be given)."""
+    if args.replicas is None:
+        given = [name for name in ("ray_address", "min_replicas", "max_replicas", "cpus_per_replica")
+                 if getattr(args, name) is not None]
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} needs --replicas")
+        return None
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
+    low, high = args.min_replicas, args.max_replicas
+    if low is not None or high is not None:
+        low, high = low if low is not None else 1, high if high is not None else max(args.replicas, low or 1)
+        if low < 1:
+            raise ConfigError(f"--min-replicas must be >= 1, got {low}")
+        if not low <= args.replicas <= high:
+            raise ConfigError(f"need --min-replicas ({low}) <= --replicas ({args.replicas}) <= --max-replicas ({high})")
+    cpus = args.cpus_per_replica
+    if cpus is None:
+        cpus = float(max(1, (cores or os.cpu_count() or 1) // args.replicas))
+    if not cpus > 0:
+        raise ConfigError(f"--cpus-per-replica must be > 0, got {cpus:g}")
+    return Scaling(args.replicas, low, high, cpus, max(1, int(cpus)), args.ray_address)
+
+
+def _serve_replicas(args: argparse.Namespace, config: ServeConfig, scaling: Scaling) -> int:
+    """Serve the app over engine replicas on Ray Serve (replicas.py); blocks until interrupted. Each replica
+    builds the same (resolved, checked) ServeConfig."""
+    try:  # Ray is an optional dependency: imported only when --replicas is given
+        import ray
+        from ray import serve
+
+        from specdecode.server.replicas import APP_NAME, ReplicaSettings, application
+    except ImportError:
+        raise ConfigError("--replicas needs Ray Serve: pip install 'ray[serve]==2.60.0'") from None
+
+    settings = ReplicaSettings(functools.partial(build_service, config), threads=scaling.threads,
+                               cpus=scaling.cpus, replicas=scaling.replicas, min_replicas=scaling.min_replicas,
+                               max_replicas=scaling.max_replicas, max_ongoing=args.max_batch + args.max_queue,
+                               target_ongoing=args.max_batch)
+    local = {} if scaling.ray_address else {"include_dashboard": False}
+    ray.init(address=scaling.ray_address, **local)
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: the application and Ray shut down cleanly
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port,
+                                  "keep_alive_timeout_s": args.timeout_keep_alive})
+        try:
+            serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=True)
+        except RuntimeError as error:  # a replica failed to start (Serve's message ends with the cause)
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            raise ConfigError(f"the replicas did not start: {lines[-1].strip() if lines else error}") from None
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def uvicorn_settings(args: argparse.Namespace) -> dict:
+    """uvicorn's keyword arguments: a connection cap (more connections are answered 503 by uvicorn), the idle
+    keep-alive timeout, and h11 with its bound on a buffered request head (h11 has it, httptools not: chosen here).
+    uvicorn has no timeout for a request head that arrives slowly: the connection cap bounds what slow clients hold;
+    slow bodies are timed out by the app (ServerConfig.body_timeout_s)."""
+    for name, low in (("--max-connections", 1), ("--timeout-keep-alive", 1)):
+        if getattr(args, name[2:].replace("-", "_")) < low:
+            raise ConfigError(f"{name} must be >= {low}")
+    return dict(host=args.host, port=args.port, log_level=args.log_level, http="h11",
+                limit_concurrency=args.max_connections, timeout_keep_alive=args.timeout_keep_alive,
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port (uvicorn's own error for one out of range is a traceback after the model loads)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {port}")
+    return port
+
+
+def register(subparsers, name: str) -> None:
+    parser = subparsers.add_parser(name, help="OpenAI-compatible HTTP server with batched speculative decoding")
+    add_server_args(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=_port, default=8000)
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set); "
+                             "/health and /metrics stay open")
+    parser.add_argument("--max-connections", type=int, default=512,
+                        help="open connections (and requests in flight) before uvicorn answers 503")
+    parser.add_argument("--timeout-keep-alive", type=int, default=5,
+                        help="seconds an idle keep-alive connection stays open")
+    scale = parser.add_argument_group("replicas (Ray Serve; docs/scaling.md)")
+    scale.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="serve over N engine replicas on Ray Serve, each with its own model, KV memory and "
+                            "scheduler (the initial count when autoscaling)")
+    scale.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="join this Ray cluster ('auto': the one `ray start` runs here) instead of starting Ray")
+    scale.add_argument("--min-replicas", type=int, default=None, help="autoscale on requests in flight, down to this")
+    scale.add_argument("--max-replicas", type=int, default=None, help="autoscale on requests in flight, up to this")
+    scale.add_argument("--cpus-per-replica", type=float, default=None,
+                       help="Ray CPUs each replica reserves, and its torch threads (default: this machine's cores "
+                            "divided by --replicas, at least 1)")
+    parser.set_defaults(func=cmd_serve)

@@ -1,0 +1,95 @@
+"""`specdecode train --kind eagle|medusa --model M --out DIR`: build (or reuse) self-distillation data and cached
+target hidden states, train a drafter head, and save it as OUT/model.safetensors + OUT/config.json.
+
+Data is cached in --data (default OUT/data) and reused by later runs (e.g. --kind medusa after --kind eagle);
+--resume continues from OUT/checkpoint.pt. Runs on CPU for small budgets, on CUDA when --device cuda.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+
+from specdecode.cli.args import device_arg
+from specdecode.errors import ConfigError
+from specdecode.train.data import DataConfig
+from specdecode.train.run import TrainJob, run_job
+from specdecode.train.trainer import TrainConfig
+
+
+def register(subparsers, name: str) -> None:
+    parser = subparsers.add_parser(name, help="train an EAGLE or Medusa drafter head for a target model")
+    parser.add_argument("--kind", required=True, choices=["eagle", "medusa"])
+    parser.add_argument("--model", default=None, help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--out", required=True, help="output directory (head, checkpoint, data cache)")
+    parser.add_argument("--data", default=None, help="data cache directory (default OUT/data); reused when present")
+    parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    data = parser.add_argument_group("data (used when the data cache is built)")
+    data.add_argument("--num-prompts", type=int, default=2000, help="built-in training prompts answered by the target")
+    data.add_argument("--num-followups", type=int, default=1000, help="stage-2 prompts built from those answers")
+    data.add_argument("--prompts", nargs="*", default=[], help="extra prompt files (.jsonl with turns/prompt, or text)")
+    data.add_argument("--text", nargs="*", default=[], help="extra plain-text files for hidden states")
+    data.add_argument("--docstrings", default="", help="comma-separated installed packages (permissive licence) "
+                                                       "whose docstrings add plain text")
+    data.add_argument("--text-tokens", type=int, default=200_000, help="cap on plain-text tokens per source")
+    data.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap when generating")
+    data.add_argument("--gen-batch", type=int, default=32, help="generation batch size")
+    data.add_argument("--gen-minutes", type=float, default=0.0, help="time budget for generation (0 = none)")
+    data.add_argument("--temperature", type=float, default=0.0, help="answer sampling temperature (0 = greedy)")
+    data.add_argument("--max-len", type=int, default=1024, help="tokens per training sequence")
+    data.add_argument("--draft-vocab", type=int, default=16384, help="draft vocabulary size (most frequent tokens)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=float, default=4.0)
+    train.add_argument("--max-steps", type=int, default=0, help="0 = from --epochs")
+    train.add_argument("--max-minutes", type=float, default=0.0, help="training time budget (0 = none)")
+    train.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch")
+    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--ttt-steps", type=int, default=3, help="eagle: unrolled training-time-test steps")
+    train.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
+    train.add_argument("--checkpoint-every", type=int, default=200)
+    train.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=cmd_train)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    positive = {"--num-prompts": args.num_prompts >= 0, "--num-followups": args.num_followups >= 0,
+                "--max-new-tokens": args.max_new_tokens > 0, "--gen-batch": args.gen_batch > 0,
+                "--max-len": args.max_len >= 8, "--draft-vocab": args.draft_vocab > 0, "--epochs": args.epochs > 0,
+                "--batch-tokens": args.batch_tokens > 0, "--lr": args.lr > 0, "--ttt-steps": args.ttt_steps >= 1,
+                "--heads": args.heads >= 1, "--checkpoint-every": args.checkpoint_every >= 1,
+                "--max-steps": args.max_steps >= 0, "--max-minutes": 0 <= args.max_minutes < math.inf,
+                "--gen-minutes": 0 <= args.gen_minutes < math.inf, "--text-tokens": args.text_tokens >= 0,
+                "--temperature": 0 <= args.temperature < math.inf}
+    positive.update({flag: ok and math.isfinite(value)  # inf epochs or lr would train forever or to NaN
+                     for flag, ok, value in (("--epochs", positive["--epochs"], args.epochs),
+                                             ("--lr", positive["--lr"], args.lr))})
+    bad = [flag for flag, ok in positive.items() if not ok]
+    if bad:
+        raise ConfigError(f"invalid value for {', '.join(bad)}")
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda requested but no CUDA device is available")
+    for flag, value in (("--out", args.out), ("--data", args.data)):
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise ConfigError(f"{flag} {value!r} exists and is not a directory")
+    try:  # before the model loads and data is generated, not after
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"cannot create --out {args.out!r}: {error.strerror or error}") from None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    _validate(args)
+    data = DataConfig(num_prompts=args.num_prompts, num_followups=args.num_followups, max_new_tokens=args.max_new_tokens,
+                      gen_batch=args.gen_batch, temperature=args.temperature, gen_minutes=args.gen_minutes,
+                      max_len=args.max_len, seed=args.seed, text_tokens=args.text_tokens)
+    train = TrainConfig(kind=args.kind, epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
+                        batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, num_heads=args.heads,
+                        checkpoint_every=args.checkpoint_every, seed=args.seed)
+    packages = tuple(p.strip() for p in args.docstrings.split(",") if p.strip())
+    run_job(TrainJob(train, args.out, args.model, args.data, args.device, args.resume, tuple(args.prompts),
+                     tuple(args.text), packages, args.draft_vocab, data))
+    return 0

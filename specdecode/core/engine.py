@@ -1,0 +1,484 @@
+"""The decoding loop: draft -> verify (one target pass) -> commit. Plain decoding is the same loop with an
+empty draft. `Engine.step` is the loop body over a batch, in named phases (plan, lay out, run the target,
+verify, commit); `stream` runs it for one sequence, and the server's scheduler runs it for many (sequences join
+and leave between steps, prompts are prefilled in chunks that may ride in a step's pass)."""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Sequence_
+from dataclasses import dataclass, field
+
+import torch
+
+from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.detok import StopText
+from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext, common_prefix
+from specdecode.core.kv_cache import kv_bytes_per_slot
+from specdecode.core.logprobs import token_logprobs
+from specdecode.core.metrics import GenerationMetrics
+from specdecode.core.penalties import check_bias, path_tokens, penalize
+from specdecode.core.sampling import make_generator
+from specdecode.core.sequence import Committed, Result, Sequence, StepOutcome
+from specdecode.core.speculation import SpeculationLength
+from specdecode.core.structured import Grammars, Shaped, mask_logits
+from specdecode.core.target import ForwardOutput, Target
+from specdecode.core.trees import Block, build_block
+from specdecode.core.verify import Verdict, verify_rows
+from specdecode.errors import ConfigError
+
+KV_SLACK = 64  # cache slots past prompt + new tokens: room for the last step's draft block
+
+
+@dataclass
+class Engine:
+    target: Target
+    drafter: Drafter
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    max_batch: int = 1
+    # held while the tokenizer decodes: a server encodes prompts on other threads, and a fast tokenizer must
+    # not be used from two threads at once
+    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # keep a finished request's KV in its row and skip prefilling the prefix the next prompt shares with it;
+    # None: where that is exact and bounded (see _reuses_prefixes)
+    prefix_reuse: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
+        self._free_rows = list(range(self.max_batch))
+        self._next_id = 0
+        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose KV it still holds, in order
+        # the time rule's plain-step costs (seconds per token) of the last sequence that timed some: a new
+        # sequence starts from them instead of decoding plainly for a few steps to measure its own
+        self._plain_costs: list[float] = []
+        if self.prefix_reuse is None:
+            self.prefix_reuse = self._reuses_prefixes()
+
+    def _reuses_prefixes(self) -> bool:
+        """Reusing a row's KV is exact only where a token's KV does not depend on the pass that wrote it (the
+        packed decoder: a verify pass and a prefill write the same bits), and needs no hidden states the prefill
+        would have given the drafter. One row only: a server's KV budget counts reservations of live requests,
+        which parked rows would escape."""
+        return (self.max_batch == 1 and self.target.packed_decoder and not self.cache.static
+                and not self.drafter.capabilities.needs_hidden)
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Compiles the structures of requests for this target's tokenizer (structured.py)."""
+        return Grammars(self.target.tokenizer, self.target.vocab_size, sorted(self.target.eos_ids))
+
+    def warmup(self) -> None:
+        """Fast path: compile every fixed-shape step the drafter can ask for before anything is timed."""
+        k = self.spec.max_k if self.spec.adaptive else self.spec.k
+        capabilities = self.drafter.capabilities
+        self.target.warmup(self.cache, self.drafter.max_nodes(k) + 1, hidden=capabilities.needs_hidden)
+        for exit_layer in capabilities.exit_layers:
+            self.target.warmup(self.cache, 1, num_layers=exit_layer)
+
+    # -- admission --------------------------------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], generation: GenerationConfig) -> None:
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        limit = self.target.max_positions
+        if len(prompt_ids) + generation.max_new_tokens > limit:
+            raise ConfigError(
+                f"prompt ({len(prompt_ids)} tokens) + max new tokens ({generation.max_new_tokens}) exceeds the "
+                f"model's context of {limit} tokens"
+            )
+
+    def kv_slots(self, prompt_len: int, generation: GenerationConfig) -> int:
+        """Cache slots a sequence may use: its prompt and new tokens, plus room for a step's block."""
+        return prompt_len + generation.max_new_tokens + KV_SLACK
+
+    def kv_bytes(self, prompt_len: int, generation: GenerationConfig) -> int:
+        """Bytes of the target's KV cache that a sequence may use (what a server budgets at admission)."""
+        per_slot = kv_bytes_per_slot(self.target.config, self.target.num_layers, self.target.kv_dtype)
+        return self.kv_slots(prompt_len, generation) * per_slot
+
+    def start(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
+        """Admit a sequence and prefill its whole prompt in one pass: ready to `step`."""
+        seq = self.admit(prompt_ids, sampling, generation)
+        try:
+            self.prefill_chunk(seq)
+        except BaseException:  # a failed admission must not leak its row (the server keeps serving)
+            self.release(seq)
+            raise
+        return seq
+
+    def admit(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
+        """Take a cache row and reserve its slots; the sequence is `prefilling` until `prefill_chunk` says done."""
+        self.validate(prompt_ids, generation)
+        if not self._free_rows:
+            raise RuntimeError("no free batch row")
+        check_bias(sampling, self.target.vocab_size)
+        generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
+        constraint = None if generation.structure is None else \
+            self.grammars.constraint(generation.structure, self.spec.grammar_draft)
+        row, shared = self._take_row(prompt_ids)
+        ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
+        self._next_id += 1
+        length = SpeculationLength(self.spec, plain=deque(self._plain_costs))
+        seq = Sequence(ctx, generation, length, GenerationMetrics(), len(prompt_ids))
+        if generation.detokenize and self.target.tokenizer is not None:
+            seq.text = StopText(self.target.tokenizer, generation.stop_strings)
+        seq.constraint = constraint
+        seq.metrics.prompt_tokens = len(prompt_ids)
+        seq.metrics.cached_prompt_tokens = seq.prefilled = shared
+        try:
+            self.cache.reserve(row, self.kv_slots(len(prompt_ids), generation))
+        except BaseException:
+            self._free_row(row)
+            raise
+        return seq
+
+    def forget_prefixes(self) -> None:
+        """Empty the rows that hold a finished request's KV, the target's and the drafter's (the benchmark, after
+        its untimed warm-up)."""
+        for row in list(self._parked):
+            del self._parked[row]
+            self.cache.release(row)
+        self.drafter.forget_prefixes()
+
+    def _take_row(self, prompt_ids: list[int]) -> tuple[int, int]:
+        """A free row -> (row, prompt tokens whose KV it already holds): the row whose parked tokens share the
+        longest prefix with the prompt (all but its last token, the first step's root); others are emptied."""
+        best, shared = self._free_rows[0], 0
+        for row in self._free_rows:
+            length = common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
+            if length > shared:
+                best, shared = row, length
+        self._free_rows.remove(best)
+        if self._parked.pop(best, None) is not None and not shared:
+            self.cache.release(best)  # its old KV is of no use: free it now
+        return best, shared
+
+    def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:
+        """Prefill the next `tokens` prompt tokens (None: all that are left) of a prefilling sequence in a pass of
+        its own; after the last chunk the drafter starts and the sequence is ready. Returns whether it is.
+        Chunks write the same KV as one pass (each attends to the slots before it), and drafters that read the
+        prefill's hidden states get all of them, joined. `step(..., prefill=...)` carries chunks in a step."""
+        if seq.ready:
+            return True
+        began = time.perf_counter()
+        chunk = self._next_chunk(seq, tokens)
+        if chunk:
+            self._prefill_pass(seq, chunk)
+        else:
+            self._prefilled(seq, 0, None)
+        elapsed = time.perf_counter() - began
+        seq.metrics.prefill_s += elapsed
+        seq.metrics.total_s += elapsed
+        return seq.ready
+
+    def _prefill_pass(self, seq: Sequence, chunk: list[int]) -> None:
+        """One target pass over a chunk of seq's prompt alone (its last row's logits only)."""
+        block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
+                            self.target.device)
+        out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last",
+                                  hidden=self.drafter.capabilities.needs_hidden)
+        self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
+
+    def _next_chunk(self, seq: Sequence, tokens: int | None) -> list[int]:
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"a prefill chunk needs at least one token, got {tokens}")
+        prefix_len = seq.prompt_len - 1  # the last prompt token is the root of the first step
+        end = prefix_len if tokens is None else min(prefix_len, seq.prefilled + tokens)
+        return seq.ctx.tokens[seq.prefilled : end]
+
+    def _prefilled(self, seq: Sequence, count: int, hidden: torch.Tensor | None) -> None:
+        """`count` more prompt tokens are cached (hidden: their [count, hidden] states); start the drafter after
+        the last of them."""
+        if hidden is not None and count:
+            seq.prefill_hidden.append(hidden[:count])
+        seq.prefilled += count
+        if seq.prefilled == seq.prompt_len - 1:
+            parts, seq.prefill_hidden = seq.prefill_hidden, []
+            seq.ctx.hidden = None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
+            self.drafter.start(seq.ctx)
+            seq.ready = True
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence leaves the batch (finished or aborted): free its row and drafter state."""
+        if seq.length.plain:
+            self._plain_costs = list(seq.length.plain)
+        try:
+            if seq.ready:
+                self.drafter.finish(seq.ctx)
+        finally:  # the row is freed even when the drafter's cleanup raises
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+            row = seq.ctx.row
+            if self.prefix_reuse and seq.finish_reason != "error":  # its KV stays for the next prompt's prefix
+                self._parked[row] = seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled]
+            else:
+                self.cache.release(row)
+            self._free_row(row)
+
+    def _free_row(self, row: int) -> None:
+        if row not in self._free_rows:
+            self._free_rows.append(row)
+            self._free_rows.sort()
+
+    # -- the loop body ------------------------------------------------------------------------------------------
+    def step(self, seqs: list[Sequence], prefill: Sequence_[tuple[Sequence, int]] = (),
+             draft_len: Callable[[Sequence], int] | None = None) -> list[StepOutcome]:
+        """One draft -> verify -> commit over a batch; one outcome per sequence of `seqs`, in its order.
+        prefill: (prefilling sequence, tokens) pairs whose next chunks ride in the same target pass, a row each,
+        where the target says a chunk rides (Target.rides); a chunk that does not is a pass of its own first.
+        draft_len: the speculation length to ask for, per sequence (default: its own policy's, `seq.length.k`);
+        a server caps it by load. Either way it is cut to the tokens the sequence may still add.
+        A row whose commit fails gets an outcome with `error` and leaves; a failure before any commit (drafting,
+        the pass) raises, and no row has changed."""
+        if any(seq.prefilling for seq in seqs):
+            raise ValueError("a sequence is still prefilling: finish prefill_chunk first")
+        chunks = self._riders(prefill)
+        if not seqs and not chunks:
+            return []
+        clock = StepClock(time.perf_counter())
+        plan = self._plan(seqs, draft_len, clock)
+        chunks = self._prefill_wide_chunks(plan, chunks, clock)
+        block = self._lay_out(plan, chunks)
+        out = self._run_target(plan, chunks, block, clock)
+        verdicts = self._verify(plan, out.logits)
+        committed = [self._commit_row(plan, b, verdict, out) for b, verdict in enumerate(verdicts)]
+        clock.finished = time.perf_counter()
+        return [self._outcome(plan, b, verdicts[b], committed[b], clock) for b in range(len(seqs))]
+
+    # -- the step's phases ---------------------------------------------------------------------------------------
+    def _riders(self, prefill: Sequence_[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
+        """The next prompt chunk of each prefilling sequence that asks to ride in this step's pass. A one-token
+        prompt has nothing to cache: its drafter starts now and it rides with nothing."""
+        chunks = [(seq, self._next_chunk(seq, tokens)) for seq, tokens in prefill if seq.prefilling]
+        for seq, chunk in chunks:
+            if not chunk:
+                self._prefilled(seq, 0, None)
+        return [(seq, chunk) for seq, chunk in chunks if chunk]  # rows after the batch's; logits not read
+
+    def _plan(self, seqs: list[Sequence], draft_len: Callable[[Sequence], int] | None, clock: StepClock) -> StepPlan:
+        """Plan: each sequence's speculation length, the drafter's proposals, each fitted to its grammar."""
+        first = [seq.metrics.new_tokens == 0 for seq in seqs]
+        for seq in seqs:
+            remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
+            wanted = seq.length.k if draft_len is None else draft_len(seq)
+            seq.ctx.k = max(0, min(wanted, remaining - 1))
+        proposed = self.drafter.propose([seq.ctx for seq in seqs])
+        shaped = [self._shape(seq, draft) for seq, draft in zip(seqs, proposed)]
+        drafts = [draft if fit is None else fit.draft for draft, fit in zip(proposed, shaped)]
+        clock.drafted = time.perf_counter()
+        return StepPlan(seqs, proposed, shaped, drafts, first)
+
+    def _prefill_wide_chunks(self, plan: StepPlan, chunks: list[tuple[Sequence, list[int]]],
+                             clock: StepClock) -> list[tuple[Sequence, list[int]]]:
+        """Prefill, each in a pass of its own, the chunks the target says do not ride beside this step's decode
+        rows (Target.rides); their time is neither the decode rows' nor a rider's. Returns the chunks that ride."""
+        if not plan.seqs:
+            return chunks
+        width = max(1 + len(draft) + len(_aux(draft)) for draft in plan.drafts)
+        riding = []
+        for seq, chunk in chunks:
+            if self.target.rides(len(chunk), width):
+                riding.append((seq, chunk))
+                continue
+            self._prefill_pass(seq, chunk)
+            aside = time.perf_counter() - clock.drafted
+            seq.metrics.prefill_s += aside
+            clock.shift(aside)
+        return riding
+
+    def _lay_out(self, plan: StepPlan, chunks: list[tuple[Sequence, list[int]]]) -> Block:
+        """Lay out: one block of the pass, a row per sequence (its pending token, draft and aux nodes) and per
+        riding chunk, with the cache grown to hold it."""
+        seqs, drafts = plan.seqs, plan.drafts
+        block = build_block(
+            [seq.ctx.cache_len for seq in seqs] + [seq.prefilled for seq, _ in chunks],
+            [[seq.ctx.tokens[-1], *draft.tokens, *_aux(draft).tokens] for seq, draft in zip(seqs, drafts)]
+            + [chunk for _, chunk in chunks],
+            [_block_parents(draft) for draft in drafts] + [list(range(-1, len(chunk) - 1)) for _, chunk in chunks],
+            self.target.pad_id,
+            self.target.block_device,
+        )
+        self.cache.ensure(self.max_batch, block.kv_len)
+        return block
+
+    def _run_target(self, plan: StepPlan, chunks: list[tuple[Sequence, list[int]]], block: Block,
+                    clock: StepClock) -> ForwardOutput:
+        """Run the target: one pass over the block. The riders' chunks are then cached; the aux branches' logits
+        go back to the drafter."""
+        rows = [seq.ctx.row for seq in plan.seqs] + [seq.ctx.row for seq, _ in chunks]
+        out = self.target.forward(self.cache, rows, block, hidden=self.drafter.capabilities.needs_hidden)
+        for b, (seq, chunk) in enumerate(chunks, start=len(plan.seqs)):
+            self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[b])
+            seq.metrics.prefill_s += time.perf_counter() - clock.drafted
+        for b, (seq, draft) in enumerate(zip(plan.seqs, plan.drafts)):
+            if draft.aux:  # aux nodes sit after the root and the n draft nodes
+                self.drafter.observe_aux(seq.ctx, out.logits[b, 1 + len(draft) : 1 + len(draft) + len(draft.aux)])
+        return out
+
+    def _verify(self, plan: StepPlan, logits: torch.Tensor) -> list[Verdict]:
+        """Verify: every node scored as its sequence samples (penalties in its own path's context, the grammar's
+        mask), then the longest valid prefix plus one token of the target's own, per row."""
+        # logits: [b, q, vocab]; row b's first len(draft) + 1 positions are real
+        for b, (seq, draft, fit) in enumerate(zip(plan.seqs, plan.drafts, plan.shaped)):
+            if seq.ctx.sampling.penalized:  # every node scored in its own path's context (penalties.py)
+                penalize(logits[b, : 1 + len(draft)], seq.ctx.sampling, seq.ctx.tokens[: seq.prompt_len],
+                         seq.output_ids, path_tokens(draft.tokens, draft.parents))
+            if fit is not None:  # the grammar's mask at every node: the verifier sees the constrained distribution
+                masking = time.perf_counter()
+                mask_logits(logits[b, : fit.masks.shape[0]], fit.masks)
+                seq.metrics.grammar_s += time.perf_counter() - masking
+        return verify_rows(logits, plan.drafts, [seq.ctx.sampling for seq in plan.seqs],
+                           [seq.ctx.generator for seq in plan.seqs])
+
+    def _commit_row(self, plan: StepPlan, b: int, verdict: Verdict, out: ForwardOutput) -> Committed:
+        """Commit one row; its failure (its drafter's feedback, say) is its own: the row leaves with the error."""
+        seq = plan.seqs[b]
+        try:
+            return self._commit(seq, plan.drafts[b], verdict, out.logits[b],
+                                None if out.hidden is None else out.hidden[b], plan.shaped[b])
+        except Exception as error:  # noqa: BLE001 - reported in this row's outcome
+            seq.finish_reason = "error"
+            return Committed([], "", 0, None, error)
+
+    def _outcome(self, plan: StepPlan, b: int, verdict: Verdict, done: Committed, clock: StepClock) -> StepOutcome:
+        """The row's outcome; its time and acceptance go to its metrics and its speculation length policy."""
+        seq, draft, mine = plan.seqs[b], plan.drafts[b], plan.proposed[b]
+        draft_s, verify_s = clock.drafted - clock.began, clock.finished - clock.drafted
+        seq.metrics.draft_s += draft_s
+        seq.metrics.verify_s += verify_s
+        seq.metrics.total_s += clock.finished - clock.began
+        if done.error is None:
+            # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
+            # draws) must not depend on timing, or the same seed would not give the same text. A sequence's
+            # first step is not timed either: its drafter reads the prompt then (a draft model prefills it), a
+            # one-off cost that would make the first window look slow. The drafter's own draft is judged:
+            # tokens the grammar forced say nothing of it
+            timed = not (seq.ctx.sampling.seeded or plan.first[b])
+            seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
+                              seconds=clock.finished - clock.began if timed else None, committed=len(done.tokens))
+        return StepOutcome(done.tokens, done.text, seq.ctx.k, draft.depth, len(verdict.accepted), draft_s, verify_s,
+                           seq.finish_reason, done.error, done.forced, done.logprobs)
+
+    def _shape(self, seq: Sequence, draft: Draft) -> Shaped | None:
+        """The draft fitted to the sequence's grammar (None without one): no deeper than the tokens it may add."""
+        if seq.constraint is None:
+            return None
+        began = time.perf_counter()
+        room = seq.generation.max_new_tokens - seq.metrics.new_tokens - 1
+        shaped = seq.constraint.shape(draft, room)
+        seq.metrics.grammar_s += time.perf_counter() - began
+        return shaped
+
+    def _commit(self, seq: Sequence, draft: Draft, verdict: Verdict, logits: torch.Tensor, hidden: torch.Tensor | None,
+                fit: Shaped | None) -> Committed:
+        # logits: [q, vocab] this row's (masked) scores; hidden: [q, hidden] or None
+        ctx = seq.ctx
+        path_in_block = [node + 1 for node in verdict.accepted]  # block index 0 is the root
+        self.cache.compact(ctx.row, [ctx.cache_len + i for i in path_in_block], ctx.cache_len + 1)
+        tokens = [draft.tokens[node] for node in verdict.accepted] + [verdict.next_token]
+        if seq.constraint is not None:
+            tokens = seq.constraint.commit(tokens)
+        tokens = self._cut_at_stops(seq, tokens)
+        if seq.constraint is not None and seq.constraint.done and seq.finish_reason is None:
+            seq.finish_reason = "stop"  # the grammar is complete and admits nothing more
+        if hidden is not None:
+            ctx.hidden = hidden[[0, *path_in_block]]  # [accepted + 1, hidden]
+        ctx.tokens.extend(tokens)
+        own = len(verdict.accepted) if fit is None else sum(node < fit.own for node in verdict.accepted)
+        seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens), forced=len(verdict.accepted) - own)
+        top_n = seq.generation.logprobs
+        logprobs = None if top_n is None else token_logprobs(logits[[0, *path_in_block]], tokens, top_n)
+        text = self._text(seq, tokens)
+        if not seq.finished:
+            self.drafter.observe(ctx, own)
+        return Committed(tokens, text, len(verdict.accepted) - own, logprobs)
+
+    def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """Cut the committed tokens at the first EOS (kept, like transformers) or at the length budget."""
+        if seq.generation.stop_on_eos:
+            for i, token in enumerate(tokens):
+                if token in self.target.eos_ids:
+                    tokens, seq.finish_reason = tokens[: i + 1], "eos"
+                    break
+        remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
+        if len(tokens) >= remaining:
+            if len(tokens) > remaining or seq.finish_reason is None:
+                seq.finish_reason = "length"
+            tokens = tokens[:remaining]
+        return tokens
+
+    def _text(self, seq: Sequence, tokens: list[int]) -> str:
+        """The text the committed tokens complete; a stop string found in it finishes the sequence ("stop"; the
+        stop string and what follows are not emitted, the tokens stay committed). The one place stops end text."""
+        if seq.text is None:
+            return ""
+        with self.tokenizer_lock:
+            text, stopped = seq.text.push(tokens, final=seq.finished)
+        if stopped:
+            seq.finish_reason = "stop"
+        return text
+
+    # -- one sequence ---------------------------------------------------------------------------------------------
+    def stream(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
+               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, StepOutcome]]:
+        """Decode one sequence; yields (sequence, the step's outcome) after every step."""
+        seq = self.start(prompt_ids, sampling or SamplingConfig(), generation or GenerationConfig())
+        try:
+            while not seq.finished:
+                (outcome,) = self.step([seq])
+                if outcome.error is not None:
+                    raise outcome.error
+                yield seq, outcome
+        finally:
+            self.release(seq)
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
+                 generation: GenerationConfig | None = None) -> Result:
+        pieces, logprobs, seq = [], [], None
+        for seq, outcome in self.stream(prompt_ids, sampling, generation):
+            pieces.append(outcome.text)
+            logprobs.extend(outcome.logprobs or ())
+        assert seq is not None
+        wanted = seq.generation.logprobs is not None
+        return Result(seq.output_ids, "".join(pieces), seq.finish_reason or "length", seq.metrics,
+                      tuple(logprobs) if wanted else None)
+
+
+def _aux(draft: Draft) -> AuxBranch:
+    return draft.aux or AuxBranch()
+
+
+def _block_parents(draft: Draft) -> list[int]:
+    """Parents in block indices: 0 is the root, 1..n the draft nodes, then the aux nodes (an aux node whose
+    parent is the root hangs off index 0, so it sees the prefix and the root but no draft node)."""
+    n = len(draft)
+    aux = [0 if p < 0 else 1 + n + p for p in _aux(draft).parents]
+    return [-1, *(p + 1 for p in draft.parents), *aux]
+
+
+@dataclass
+class StepClock:
+    """A step's times: began, drafting done, finished (perf_counter seconds). A chunk prefilled in a pass of its
+    own during the step shifts began and drafted by its time, which is neither drafting nor the decode pass."""
+
+    began: float
+    drafted: float = 0.0
+    finished: float = 0.0
+
+    def shift(self, seconds: float) -> None:
+        self.began += seconds
+        self.drafted += seconds
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the plan phase decided for the batch: per sequence its drafter's proposal, the proposal fitted to
+    its grammar (None without one) and the draft the pass verifies, and whether it is the sequence's first step."""
+
+    seqs: list[Sequence]
+    proposed: list[Draft]
+    shaped: list[Shaped | None]
+    drafts: list[Draft]
+    first: list[bool]

@@ -1,0 +1,254 @@
+"""Structured outputs: a grammar (JSON schema, any JSON object, regex, choice, Lark/GBNF grammar) that the output
+must match, enforced at every node of every draft tree, and used as a drafter where it admits one continuation.
+
+Lossless under the constraint: the target's distribution at a node is its logits masked by the grammar state that
+node's path reaches (and renormalised), q gets the same mask, and draft nodes the grammar rejects are cut before
+the pass. The verifiers then see an ordinary draft and ordinary (masked) scores.
+
+The grammar engine is llguidance (PyPI `llguidance`): no dependencies, the token-level forced continuations
+(`compute_ff_tokens`) that grammar drafting needs, rollback for walking a tree, and Lark/GBNF/JSON schema/regex
+front ends. xgrammar computes masks faster (docs/structured.md) but a mask costs llguidance ~0.1 ms against a
+75 ms step, and xgrammar brings triton and tvm-ffi and forces strings rather than tokens.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import llguidance
+import llguidance.hf
+import torch
+
+from specdecode.config import Structure
+from specdecode.core.drafting import Draft
+from specdecode.core.trees import children_of
+from specdecode.errors import ConfigError, first_line
+
+# JSON is laid out as json.dumps writes it ({"a": 1, "b": [2, 3]}): one layout, so separators are forced tokens,
+# and a model cannot loop on whitespace (flexible whitespace lets it emit newlines until max_tokens). A schema's own
+# "x-guidance" options override these.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def grammar_text(structure: Structure) -> str:
+    """The llguidance grammar for a structure; text its front end cannot read (a schema that is not JSON, a GBNF
+    grammar that does not parse) is a ConfigError. Other errors surface when the grammar compiles (`Grammars`)."""
+    try:
+        if structure.kind in ("json_object", "json_schema"):
+            schema = '{"type": "object"}' if structure.kind == "json_object" else structure.text
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
+        return llguidance.grammar_from(structure.kind, structure.text)  # regex, choice, grammar (Lark or GBNF)
+    except ValueError as error:
+        raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_why(error)}") from None
+
+
+class Grammars:
+    """Compiles structures for one tokenizer. Wrapping the tokenizer costs 0.5 s (49k tokens) to 2.4 s (152k) on
+    a 2-core CPU, so it is built once, on first use, under a lock (server handlers check requests on threads)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]):
+        self._hf, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                if self._hf is None:
+                    raise ConfigError("structured outputs need a model with a tokenizer")
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
+                                                                       eos_token=self.eos_ids or None)
+                except ValueError as error:
+                    raise ConfigError(f"structured outputs do not support this tokenizer: {_why(error)}") \
+                        from None
+            return self._tokenizer
+
+    def check(self, structure: Structure) -> None:
+        """An invalid schema, regex or grammar is a ConfigError naming the problem (the server's 400)."""
+        matcher = self._matcher(structure)
+        matcher.compute_bitmask()  # the first mask: a grammar too large for the lexer fails here, not in a step
+        if matcher.is_error():
+            raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_why(matcher.get_error())}")
+
+    def constraint(self, structure: Structure, grammar_draft: int) -> Constraint:
+        tokenizer = self.tokenizer
+        return Constraint(self._matcher(structure), self.vocab_size, tokenizer.eos_tokens or [tokenizer.eos_token],
+                          grammar_draft)
+
+    def _matcher(self, structure: Structure) -> llguidance.LLMatcher:
+        """A matcher at the start of the output; one that cannot start (its grammar does not compile, or it fails
+        on this tokenizer) is a ConfigError."""
+        what = f"invalid {structure.kind.replace('_', ' ')}"
+        # the constructor compiles the grammar once and reports its errors through is_error (no separate validation)
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar_text(structure), log_level=0)
+        if matcher.is_error():
+            raise ConfigError(f"{what}: {_why(matcher.get_error())}")
+        return matcher
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """A draft fitted to the grammar. draft: the drafter's nodes the grammar allows (renumbered, q masked and
+    renormalised), then the forced chains. masks: [n + 1, words] int32 bitmask of allowed tokens, row 0 at the
+    root, row i + 1 after node i. own: nodes 0..own-1 are the drafter's, the rest the grammar's."""
+
+    draft: Draft
+    masks: torch.Tensor  # [n + 1, ceil(vocab / 32)] int32
+    own: int
+
+    @property
+    def forced(self) -> int:
+        return len(self.draft) - self.own
+
+
+class Constraint:
+    """One sequence's grammar state: an llguidance matcher that has consumed the committed output."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: list[int], grammar_draft: int):
+        self.matcher, self.vocab_size, self.grammar_draft = matcher, vocab_size, grammar_draft
+        self.eos_ids, self.eos_id = frozenset(eos_ids), eos_ids[0]
+        self.words = (vocab_size + 31) // 32
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and admits nothing more (its EOS is committed, or nothing can follow)."""
+        return self.matcher.is_stopped()
+
+    def shape(self, draft: Draft, room: int) -> Shaped:
+        """Cut the drafter's tree to the grammar, hang forced chains under its leaves (at most grammar_draft tokens
+        in all, no path deeper than `room`), and compute the mask at every node. The matcher is walked down each
+        path and rolled back, so it ends where it began."""
+        children = children_of(draft.parents)
+        tokens: list[int] = []
+        parents: list[int] = []
+        origin: list[int] = []  # the drafter's node index of each kept node
+        rows: list[torch.Tensor] = []
+        leaves: list[tuple[int, int]] = []  # (kept index or -1 for the root, its consumed depth)
+
+        def visit(node: int, index: int, depth: int) -> None:
+            mask = self._mask()
+            rows.append(mask)
+            kept_any = False
+            for child in children[node]:
+                token = draft.tokens[child]
+                if depth >= room or not _allowed(mask, token):
+                    continue
+                kept_any = True
+                tokens.append(token)
+                parents.append(index)
+                origin.append(child)
+                if token in self.eos_ids:  # the end: nothing follows it (and a matcher cannot roll back over it)
+                    rows.append(self._eos_only())
+                    continue
+                self.matcher.consume_token(token)
+                visit(child, len(tokens) - 1, depth + 1)
+                self.matcher.rollback(1)
+            if not kept_any:
+                leaves.append((index, depth))
+
+        visit(-1, -1, 0)
+        own = len(tokens)
+        budget = self.grammar_draft
+        for leaf, depth in leaves:
+            if budget <= 0:
+                break
+            path = _path(parents, leaf)
+            self.matcher.consume_tokens([tokens[i] for i in path])
+            forced = self.matcher.compute_ff_tokens()[: min(budget, room - depth)]
+            parent, added = leaf, 0
+            for token in forced:
+                if token in self.eos_ids or not _allowed(rows[parent + 1], token):  # allowed: checked, not assumed
+                    break
+                self.matcher.consume_token(token)
+                tokens.append(token)
+                parents.append(parent)
+                parent, added = len(tokens) - 1, added + 1
+                rows.append(self._mask())
+            budget -= added
+            self.matcher.rollback(len(path) + added)
+        # rows were appended in visiting order: root, then each kept node, then each forced node
+        masks = torch.stack(rows) if rows else torch.empty(0, self.words, dtype=torch.int32)
+        return Shaped(Draft(tuple(tokens), tuple(parents), self._q(draft, origin, tokens, parents, masks),
+                            draft.aux), masks, own)
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Advance over the committed tokens (masked choices, so the grammar accepts them); returns them cut after
+        the one that completes the grammar, so a step that carried a token past the end (the EOS that the
+        mask left as the only choice) commits what plain decoding would have."""
+        for i, token in enumerate(tokens):
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"the grammar rejected a committed token: {_why(self.matcher.get_error())}")
+            if self.matcher.is_stopped():
+                return tokens[: i + 1]
+        return tokens
+
+    def _mask(self) -> torch.Tensor:
+        """[words] int32: the tokens the grammar allows next; EOS alone where it allows none (a grammar that
+        cannot go on must still let the sequence end)."""
+        mask = torch.empty(self.words, dtype=torch.int32)
+        self.matcher.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
+        return mask if bool(mask.any()) else self._eos_only()
+
+    def _eos_only(self) -> torch.Tensor:
+        mask = torch.zeros(self.words, dtype=torch.int32)
+        mask[self.eos_id // 32] = _bit(self.eos_id % 32)
+        return mask
+
+    def _q(self, draft: Draft, origin: list[int], tokens: list[int], parents: list[int],
+           masks: torch.Tensor) -> torch.Tensor | None:
+        """q for the kept nodes masked by their parents' states and renormalised; one-hot for forced nodes."""
+        if draft.q is None:
+            return None
+        n = len(tokens)
+        q = torch.zeros(n, draft.q.shape[-1], dtype=torch.float32)
+        if origin:
+            kept = draft.q[origin].float()  # [own, vocab]
+            allowed = allowed_tokens(masks[[p + 1 for p in parents[: len(origin)]]], kept.shape[-1])
+            kept = kept.masked_fill(~allowed, 0.0)
+            q[: len(origin)] = kept / kept.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+        for i in range(len(origin), n):
+            q[i, tokens[i]] = 1.0
+        return q
+
+
+def allowed_tokens(masks: torch.Tensor, vocab: int) -> torch.Tensor:
+    """masks: [r, words] int32 bitmask -> [r, vocab] bool (bit j of word w allows token 32 w + j)."""
+    bits = torch.arange(32, dtype=torch.int32)
+    allowed = (masks.unsqueeze(-1) >> bits) & 1  # [r, words, 32]
+    return allowed.reshape(masks.shape[0], -1)[:, :vocab].bool()
+
+
+def mask_logits(logits: torch.Tensor, masks: torch.Tensor) -> None:
+    """logits: [r, vocab], masks: [r, words]; disallowed tokens become -inf, in place (the target's outputs are
+    inference tensors, written in inference mode)."""
+    allowed = allowed_tokens(masks, logits.shape[-1]).to(logits.device)
+    with torch.inference_mode():
+        logits.masked_fill_(~allowed, float("-inf"))
+
+
+def _allowed(mask: torch.Tensor, token: int) -> bool:
+    word = int(mask[token // 32])
+    return bool((word >> (token % 32)) & 1)
+
+
+def _bit(j: int) -> int:
+    """Bit j of an int32 word, as a signed value (bit 31 is negative)."""
+    return (1 << j) - (1 << 32) if j == 31 else 1 << j
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    """Node indices from the root's child down to `node` (empty for the root, -1)."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+
+
+def _why(error: object) -> str:
+    """The grammar engine's error as one line."""
+    return first_line(error, "unknown error")

@@ -1,0 +1,32 @@
+"""The errors a user sees: each message is one line, which the command line prints and exits 2 on, and the
+server answers with a 4xx. Everything else is a bug."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error: the CLI prints it as one line and exits 2."""
+
+
+class OptionError(ConfigError):
+    """A wrong or useless option. The message names options as `{name}` fields holding the library's keyword
+    and config field names; `spelled` renders them for a caller that names them otherwise (the command line
+    spells them as flags, cli_args.flag), so the library never speaks of flags."""
+
+    def __init__(self, template: str, *options: str):
+        self.template, self.options = template, options
+        super().__init__(self.spelled(lambda name: name))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        return self.template.format_map({name: spell(name) for name in self.options})
+
+
+class ModelError(ValueError):
+    """The model could not be found or loaded; the message is one line for the user."""
+
+
+def first_line(error: object, empty: str | None = None) -> str:
+    """An error's message as one line for the user; with no message, `empty` (default: the error's type)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else empty or type(error).__name__

@@ -1,1 +1,0 @@
-"""Weight-only quantized linear layers for decoding on the CPU: formats, packing and the native kernel."""

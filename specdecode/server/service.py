@@ -1,0 +1,132 @@
+"""What `specdecode serve` builds, as one frozen value (ServeConfig), and building it: the model, the drafters a
+request may choose, the per-step draft-length policy and the limits, ready for the app (app.py) or for each Ray
+Serve replica (replicas.py), which builds the same value inside the replica."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from specdecode.backends.cpu.own_thread import run_in_own_thread
+from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
+from specdecode.core.target import Target
+from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read, registry
+from specdecode.errors import ConfigError, OptionError
+from specdecode.loading.load import check_kv_half, load_model
+from specdecode.server.app import ServerConfig, Service
+from specdecode.server.app import build_service as assemble
+from specdecode.server.policy import SpecPolicy, builtin_table, calibrate
+
+K_POLICIES = ("measured", "calibrate", "fixed")
+AUTO_KV_SHARE = 0.4  # kv_cache_bytes' default: this share of the machine's RAM (or free GPU memory)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The server as configured.
+
+    drafter: the default drafter (its name, `auto` allowed, and the options every built drafter reads);
+    allowed: further drafters a request may choose ({"speculation": {"drafter": NAME}}; the default and `none`
+    always can); k_policy: how each step's draft length is chosen (measured: the built-in cost table, calibrate:
+    this model's, measured at start-up, fixed: spec.k); served_name: the `model` clients send (None: the model's
+    own name); kv_cache_bytes: KV memory requests may reserve (None: AUTO_KV_SHARE of the RAM, or of the free
+    GPU memory after loading); api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    drafter: DrafterConfig = field(default_factory=lambda: DrafterConfig("prompt-lookup"))
+    allowed: tuple[str, ...] = ()
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    k_policy: str = "measured"
+    served_name: str | None = None
+    max_batch: int = 8
+    max_queue: int = 64
+    default_max_tokens: int = 256
+    kv_cache_bytes: int | None = None
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise OptionError(f"{{{name}}} must be >= {low}, got {value!r}", name)
+        if self.k_policy not in K_POLICIES:
+            raise OptionError(f"{{k_policy}} must be one of {', '.join(K_POLICIES)}, got {self.k_policy!r}",
+                              "k_policy")
+        unknown = [name for name in (self.drafter.name, *self.allowed) if name not in (*registry(), AUTO)]
+        if unknown:
+            raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
+
+    def resolved(self) -> ServeConfig:
+        """The same config with `auto` resolved to a drafter's name (requests and metrics name it), every
+        drafter option checked against the drafters that read it: what to build, checked before anything loads."""
+        name = self.drafter.name
+        if name == AUTO:
+            name = best_drafter_name(self.model.device.partition(":")[0], self.drafter.draft_model is not None)
+        config = dataclasses.replace(self, drafter=dataclasses.replace(self.drafter, name=name))
+        check_options_read(self.drafter.given(self.spec), list(config.drafters))
+        return config
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters to build, the default first, each once."""
+        return tuple(dict.fromkeys((self.drafter.name, *self.allowed)))
+
+
+def default_kv_memory(device: str) -> int:
+    """AUTO_KV_SHARE of the free GPU memory (after the model is loaded) on CUDA, of the physical RAM elsewhere."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(AUTO_KV_SHARE * free)
+    return int(AUTO_KV_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def build_service(config: ServeConfig) -> Service:
+    """Load the model and the drafters; returns the app's Service (its scheduler not started). On the CPU the
+    load runs on a thread that ends, so that the scheduler's thread, which decodes, owns the only OpenMP team
+    (own_thread.py)."""
+    if config.model.on_cuda:
+        return _build_service(config)
+    return run_in_own_thread(_build_service, config)
+
+
+def _build_service(config: ServeConfig) -> Service:
+    config = config.resolved()
+    if config.model.on_cuda and not torch.cuda.is_available():
+        raise OptionError("{device} cuda requested but no CUDA device is available", "device")
+    check_kv_half(config.model)
+    loaded = load_model(config.model)
+    fast = config.model.fast_path  # compiled per (batch size, block bucket) as they first occur
+    target = Target(loaded.model, loaded.tokenizer, fast, kv_half=config.model.kv_half)
+    drafters = {name: build_drafter(target, dataclasses.replace(config.drafter, name=name), config.spec)
+                for name in config.drafters}
+    limits = ServerConfig(config.served_name or loaded.name, config.max_batch, config.max_queue,
+                          config.default_max_tokens, api_key=config.api_key,
+                          kv_cache_bytes=config.kv_cache_bytes or default_kv_memory(config.model.device))
+    service = assemble(target, drafters, config.drafter.name, limits, config.spec, _policy(config, target))
+    if fast.enabled:
+        service.scheduler.engine.warmup()
+    return service
+
+
+def _policy(config: ServeConfig, target: Target) -> SpecPolicy | None:
+    """The per-step draft length policy `k_policy` names (None: fixed, spec.k every step)."""
+    spec = config.spec
+    max_k = spec.max_k if spec.adaptive else spec.k
+    if config.k_policy == "measured":
+        return SpecPolicy(builtin_table(target.packed_decoder), max_k=max_k, ragged=target.packed_decoder)
+    if config.k_policy == "calibrate":
+        table = calibrate(target, batches=_powers(config.max_batch))
+        print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
+        return SpecPolicy(table, max_k=max_k, ragged=target.packed_decoder)
+    return None
+
+
+def _powers(limit: int) -> tuple[int, ...]:
+    sizes, b = [], 1
+    while b < limit:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes + [limit])
