@@ -4,11 +4,12 @@ which is the same for every build of the same arithmetic. The last `rows` slots 
 seeing the earlier ones (a causal chain). To compare two versions of layers.c (docs/design-notes.md, "Native
 decoder layers"):
 
-    git show REV:specdecode/quant/layers.c > /tmp/old_layers.c   # REV from the ragged-rows commit on: before it,
-                                                                 # attend took (rows, q_len) for (batch, starts)
-    for v in /tmp/old_layers.c specdecode/quant/layers.c; do
+    git show REV:specdecode/backends/cpu/layers.c > /tmp/old_layers.c  # specdecode/quant/layers.c before 6ff7d24;
+                                      # REV from the ragged-rows commit on: before it, attend took (rows, q_len) for
+                                      # (batch, starts)
+    for v in /tmp/old_layers.c specdecode/backends/cpu/layers.c; do
       gcc -O3 -mavx2 -mfma -mf16c -fopenmp -DLAYERS="\"$(realpath $v)\"" scripts/bench_attention.c \
-          specdecode/quant/kernels.c -o /tmp/attn -lm && /tmp/attn 9 3 64 6 600 200  # heads kv_heads head_dim rows slots reps [layers]
+          specdecode/backends/cpu/kernels.c -o /tmp/attn -lm && /tmp/attn 9 3 64 6 600 200  # heads kv_heads head_dim rows slots reps [layers]
     done */
 #include LAYERS
 #include <omp.h>

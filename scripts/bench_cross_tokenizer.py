@@ -1,14 +1,15 @@
 """Not a test (run by hand): cross-tokenizer drafting on Gemma 3 270M (target) + SmolLM2-135M-Instruct (draft)
 against transformers' own cross-tokenizer assisted generation (with the draft as loaded, fp32, and with the
 same int8 copy of it that our int8 setting drafts with) and plain decoding (transformers' and ours, whose
-Targets use the CPU kernel of specdecode/cpu_gemm.py where it is faster), same prompts, one run.
+Targets use the CPU kernel of specdecode/backends/cpu/skinny.py where it is faster), same prompts, one run.
 
-    .venv/bin/python scripts/bench_cross_tokenizer.py [max_new_tokens] [threads] [K:CONFIDENCE[:TIME[:INT8[:ADAPTIVE]]]] ...
+    .venv/bin/python scripts/bench_cross_tokenizer.py [max_new_tokens] [threads] \
+        [K:CONFIDENCE[:TIME[:INT8[:ADAPTIVE]]]] ...
 
 Prints one JSON line per prompt and method (tokens/s, tau where known, identical output to transformers'
 plain greedy `generate`). Default drafter settings: 5:0 (K=5, no confidence stop). TIME 0 turns the
 time-based pause off (SpecConfig.pause_on_time; default 1, on), to compare both in one run; INT8 1 drafts with
-int8 weights (int8_draft.py; default 0); ADAPTIVE 1 lets K follow acceptance from K (SpecConfig.adaptive)."""
+int8 weights (backends/cpu/int8.py; default 0); ADAPTIVE 1 lets K follow acceptance from K (SpecConfig.adaptive)."""
 from __future__ import annotations
 
 import copy
@@ -33,10 +34,15 @@ PROMPTS = [
 ]
 
 
-def timed(fn):
+def timed(fn, *args, **kwargs):
     began = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kwargs)
     return out, time.perf_counter() - began
+
+
+def continuation(model, ids, **kwargs) -> list[int]:
+    """The tokens transformers' `generate` adds after the prompt `ids`."""
+    return model.generate(ids, **kwargs)[0, ids.shape[1]:].tolist()
 
 
 def main() -> None:
@@ -57,11 +63,11 @@ def main() -> None:
     for index, text in enumerate(PROMPTS):
         ids = gemma.tokenizer(text, return_tensors="pt")["input_ids"]
         common = dict(max_new_tokens=max_new, do_sample=False)
-        plain, plain_s = timed(lambda: gemma.model.generate(ids, **common)[0, ids.shape[1]:].tolist())
-        hf, hf_s = timed(lambda: gemma.model.generate(ids, assistant_model=smol.model, tokenizer=gemma.tokenizer,
-                                                      assistant_tokenizer=smol.tokenizer, **common)[0, ids.shape[1]:].tolist())
-        hf8, hf8_s = timed(lambda: gemma.model.generate(ids, assistant_model=int8_model, tokenizer=gemma.tokenizer,
-                                                        assistant_tokenizer=smol.tokenizer, **common)[0, ids.shape[1]:].tolist())
+        plain, plain_s = timed(continuation, gemma.model, ids, **common)
+        hf, hf_s = timed(continuation, gemma.model, ids, assistant_model=smol.model, tokenizer=gemma.tokenizer,
+                         assistant_tokenizer=smol.tokenizer, **common)
+        hf8, hf8_s = timed(continuation, gemma.model, ids, assistant_model=int8_model, tokenizer=gemma.tokenizer,
+                           assistant_tokenizer=smol.tokenizer, **common)
         rows = [("hf-generate", plain, plain_s, None), ("hf-assisted-cross-tokenizer", hf, hf_s, None),
                 ("hf-assisted-cross-tokenizer int8-assistant", hf8, hf8_s, None)]
         ours_plain = Engine(target, get_spec("none").build(target, DrafterConfig("none"), SpecConfig()), SpecConfig())
@@ -71,8 +77,8 @@ def main() -> None:
             spec = SpecConfig(k=int(k), confidence=confidence, pause_on_time=bool(on_time), adaptive=bool(adaptive))
             engine = Engine(target, CrossTokenizerDrafter(drafts[int8], target, confidence), spec)
             result = engine.generate(ids[0].tolist(), generation=generation)
-            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence} time-pause={bool(on_time)} int8={bool(int8)}"
-                         f" adaptive={bool(adaptive)}",
+            rows.append((f"specdecode-cross-tokenizer k={int(k)} conf={confidence} time-pause={bool(on_time)}"
+                         f" int8={bool(int8)} adaptive={bool(adaptive)}",
                          result.token_ids, result.metrics.total_s, result.metrics))
         for name, out, seconds, metrics in rows:
             line = {"prompt": index, "method": name, "tokens": len(out), "tokens_per_s": round(len(out) / seconds, 2),

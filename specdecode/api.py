@@ -57,8 +57,8 @@ class SpecDecoder:
             engine.warmup()
             return engine
 
-        # on the CPU the loading thread's OpenMP team must not outlive the load (own_thread.py); CUDA graphs are
-        # captured by the warm-up and stay with the thread that captured them
+        # on the CPU the loading thread's OpenMP team must not outlive the load (backends/cpu/own_thread.py); CUDA
+        # graphs are captured by the warm-up and stay with the thread that captured them
         engine = build() if model.on_cuda else run_in_own_thread(build)
         return cls(engine.target, engine)
 

@@ -68,7 +68,8 @@ class SamplingConfig:
                      repetition_penalty=(self.repetition_penalty, _NUMBER), logit_bias=(self.logit_bias, _PAIRS))
         for pair in self.logit_bias:
             if (not isinstance(pair, (tuple, list)) or len(pair) != 2 or isinstance(pair[0], bool)
-                    or not isinstance(pair[0], int) or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float))):
+                    or not isinstance(pair[0], int) or isinstance(pair[1], bool)
+                    or not isinstance(pair[1], (int, float))):
                 raise ConfigError(f"sampling: logit_bias must hold (token id, bias) pairs, got {pair!r}")
             if pair[0] < 0 or not -100 <= pair[1] <= 100:
                 raise ConfigError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {tuple(pair)}")
@@ -277,14 +278,14 @@ class FastPathConfig:
     capacity: static cache slots per row at first (a request that needs more doubles it, at the price of a
     recompilation); None = 2048 on CUDA, where reading unused slots is nearly free, 512 on CPU, where every
     pass reads the whole static cache (measured: docs/design-notes.md, "Measured defaults");
-    grouped_attention: attention reads each cached key/value head once (attention.py) instead of transformers'
-    copy of the whole static cache per layer;
-    capture: on CUDA, record each compiled step shape in our own CUDA graph (cuda_graphs.py) instead of
+    grouped_attention: attention reads each cached key/value head once (backends/attention.py) instead of
+    transformers' copy of the whole static cache per layer;
+    capture: on CUDA, record each compiled step shape in our own CUDA graph (backends/cuda/graphs.py) instead of
     torch.compile's "reduce-overhead" graph trees, whose per-call Python checks made decoding host-bound;
     attention_kernels: SDPA kernels the compiled steps may use on CUDA, in order of preference ("flash",
-    "efficient", "cudnn", "math"); empty = torch's own choice (cuDNN on an H100). Measured there (bf16, one
-    query over a 1024-slot cache): the memory-efficient kernel 58 us a call (1.7 ms of a 135M-model step),
-    cuDNN 17 us; cuDNN and math gave the same step time (2.59 ms);
+    "efficient", "cudnn", "math"); empty = torch's own choice (cuDNN on an H100). There (bf16, one query over a
+    1024-slot cache) the memory-efficient kernel took about three times cuDNN's time a call, a large share of a
+    135M-model step, while cuDNN and math gave the same step time (docs/gpu.md, "What limits it");
     dynamic: torch.compile's `dynamic` — False compiles every bucket separately (~40 s each for the 135M model
     on an H100); None lets it make the block length symbolic once a second bucket appears."""
 
@@ -373,8 +374,9 @@ class DrafterConfig:
     lookahead: tuple[int, int, int] | None = None  # lookahead: (window W, n-gram size N, candidates G)
     # prompt-lookup, lookahead: cost of one more verify row in one-token passes; None = by device (row_budget)
     row_cost: float | None = None
-    draft_weights: str = "auto"  # draft-model: "auto" (int8 on the CPU), "int8" or "same" (int8_draft.py)
-    draft_vocab: int | None = None  # draft-model: score only its head's first N ids + those seen (shortlist.py)
+    draft_weights: str = "auto"  # draft-model: one of DRAFT_WEIGHTS ("auto": int4-all on the CPU; loading/formats.py)
+    # draft-model: score only its head's first N ids + those seen (drafters/common/shortlist.py)
+    draft_vocab: int | None = None
     suffix_store: int | None = None  # suffix: the store's cap in tokens (None: SuffixConfig's default)
 
     def __post_init__(self) -> None:
@@ -395,10 +397,10 @@ class DrafterConfig:
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise OptionError(f"{{draft_weights}} must be one of {', '.join(DRAFT_WEIGHTS)}, got "
                               f"{self.draft_weights!r}", "draft_weights")
-        if self.suffix_store is not None and (isinstance(self.suffix_store, bool) or not isinstance(self.suffix_store, int)
-                                              or self.suffix_store < 1):
-            raise OptionError(f"{{suffix_store}} must be a positive number of tokens or None, got {self.suffix_store!r}",
-                              "suffix_store")
+        if self.suffix_store is not None and (isinstance(self.suffix_store, bool)
+                                              or not isinstance(self.suffix_store, int) or self.suffix_store < 1):
+            raise OptionError(f"{{suffix_store}} must be a positive number of tokens or None, "
+                              f"got {self.suffix_store!r}", "suffix_store")
         if self.draft_vocab is not None and (isinstance(self.draft_vocab, bool) or not isinstance(self.draft_vocab, int)
                                              or self.draft_vocab < 0):
             raise OptionError(f"{{draft_vocab}} must be 0 (the whole vocabulary), a number of tokens or None, "

@@ -12,7 +12,7 @@ class ConfigError(ValueError):
 class OptionError(ConfigError):
     """A wrong or useless option. The message names options as `{name}` fields holding the library's keyword
     and config field names; `spelled` renders them for a caller that names them otherwise (the command line
-    spells them as flags, cli_args.flag), so the library never speaks of flags."""
+    spells them as flags, cli/args.flag), so the library never speaks of flags."""
 
     def __init__(self, template: str, *options: str):
         self.template, self.options = template, options

@@ -47,7 +47,8 @@ def save_tiny(directory, model, tokenizer) -> str:
 def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_layer: int = 2,
                  row_cost: float | None = None, draft_weights: str = "auto", draft_vocab: int | None = None):
     """Any registered drafter for a tiny target: head drafters get random heads, draft-model gets draft_dir."""
-    from specdecode.drafters import DrafterConfig, build_drafter, registry
+    from specdecode.config import DrafterConfig
+    from specdecode.drafters import build_drafter, registry
 
     entry = registry()[name]
     if entry.untrained is not None:

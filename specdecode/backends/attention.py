@@ -97,7 +97,7 @@ def row_exact_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """Attention that gives a query row the same bits whatever else is in its pass: each row attends over
     exactly its visible keys, gathered in position order, with products of shapes set by that count alone.
     SDPA and batched matmuls pick kernels and summation orders by the block's size, and a masked key still
-    changes the length a softmax sums over: ~1e-7 apart, which int8 activations (quant/) round into different
+    changes the length a softmax sums over: ~1e-7 apart, which int8 activations (backends/cpu/) round into different
     codes, so a verify pass over k tokens would not reproduce the one-token logits and speculation would
     leave plain decoding's output. A tree node sees the cache and its ancestors: the very keys, in the same
     order, that the same token sees when decoded alone."""

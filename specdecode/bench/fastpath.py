@@ -60,9 +60,11 @@ def run(model_name: str | None, random_config: str | None, device: str, dtype: s
     else:
         loaded = load_model(ModelConfig(model_name, device=device, dtype=dtype, weights="same"))
         model, tokenizer, name = loaded.model, loaded.tokenizer, loaded.name
-        text = ("Here is a function:\n\ndef fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
-                "    return a\n\nRewrite it with type hints and a docstring, keeping the same logic.")
-        enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        text = ("Here is a function:\n\ndef fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n"
+                "        a, b = b, a + b\n    return a\n\nRewrite it with type hints and a docstring, keeping the same "
+                "logic.")
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
         ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
     dev = torch.device(device)
     bandwidth = copy_bandwidth(dev) if dev.type == "cuda" else float("nan")
@@ -70,7 +72,8 @@ def run(model_name: str | None, random_config: str | None, device: str, dtype: s
     floor_ms = nbytes / bandwidth * 1e3
     report = FastPathReport(name, torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", dtype,
                             nbytes / 1e9, bandwidth / 1e12, floor_ms)
-    eager, fast = Target(model, tokenizer), Target(model, tokenizer, FastPathConfig(enabled=True, capacity=1024, backend=backend))
+    eager = Target(model, tokenizer)
+    fast = Target(model, tokenizer, FastPathConfig(enabled=True, capacity=1024, backend=backend))
     report.pass_ms["eager"] = {c.q: round(c.ms, 3) for c in pass_costs(eager, qs)}
     report.pass_ms["fast"] = {c.q: round(c.ms, 3) for c in pass_costs(fast, qs)}
     hf = _hf_generate(model, ids, new_tokens)

@@ -118,7 +118,8 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
         "--draft-vocab": (config.drafter.draft_vocab is not None, {ours + "draft-model"}),
         "--confidence": (config.confidence is not None, {ours + d for d in OPTION_READERS["confidence"]}),
     }
-    used.update({f"--head {drafter}=": (True, {ours + drafter}) for drafter, _ in methods_mod.parse_heads(list(config.heads))})
+    used.update({f"--head {drafter}=": (True, {ours + drafter})
+                 for drafter, _ in methods_mod.parse_heads(list(config.heads))})
     for flag, (given, readers) in used.items():
         if given and not readers & set(names):
             raise ConfigError(f"{flag} has no effect on the chosen methods; it is read by {', '.join(sorted(readers))}")
@@ -146,7 +147,7 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
                           config.hf_assistant_schedule or "heuristic", config.confidence or 0.0, config.drafter)
     skipped: dict[str, str] = {}
     methods = methods_mod.build_methods(bench_model, names, options, methods_mod.explicit(config.methods), skipped)
-    for name, reason in skipped.items():
+    for _name, reason in skipped.items():
         print(f"specdecode bench: skipping {reason}", file=sys.stderr)
     settings = BenchSettings(config.max_new_tokens, config.temperature, config.seed, config.warmup, config.progress)
     records = run_bench(methods, questions, bench_model.tokenizer, bench_model.model, settings)
@@ -175,7 +176,8 @@ def benchmark(config: BenchConfig, bench_model: BenchModel | None = None, comman
         "versions": {"torch": torch.__version__, "transformers": _version("transformers"),
                      "python": platform.python_version()},
         "elapsed_s": round(time.perf_counter() - began, 2),
-        "near_tie_tolerance": f"{NEAR_TIE_EPS} * eps(dtype the logits are computed in: bf16 with int8 weights) * max(1, |top logit|)",
+        "near_tie_tolerance": f"{NEAR_TIE_EPS} * eps(dtype the logits are computed in: bf16 with int8 weights)"
+                              " * max(1, |top logit|)",
         "skipped": skipped,
         "multi_turn_history": "the baseline's answers, for every method",
         "config": asdict(config),

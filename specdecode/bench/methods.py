@@ -117,7 +117,8 @@ def parse_heads(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     for value in values or ():
         name, sep, path = value.partition("=")
         if not sep or not path or name not in head_drafters:
-            raise ConfigError(f"--head expects DRAFTER=DIR with DRAFTER one of {', '.join(head_drafters)}, got {value!r}")
+            raise ConfigError(f"--head expects DRAFTER=DIR with DRAFTER one of {', '.join(head_drafters)}, "
+                              f"got {value!r}")
         heads.append((name, path))
     return tuple(heads)
 
@@ -195,7 +196,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             heads = dict(options.heads)
             draft = heads.get(drafter) or (bench.draft_spec if registry()[drafter].needs_draft_model else None)
             config = replace(options.drafter, name=drafter, draft_model=draft, exit_layer=exit_layer)
-            spec = SpecConfig(k=options.k, confidence=options.confidence if drafter in OPTION_READERS["confidence"] else 0.0)
+            confidence = options.confidence if drafter in OPTION_READERS["confidence"] else 0.0
+            spec = SpecConfig(k=options.k, confidence=confidence)
             try:
                 engine = Engine(target, build_drafter(target, config, spec), spec, max_batch=1)
                 engine.warmup()  # fast path: compile every step shape before timing
@@ -210,7 +212,8 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             params = {"k": options.k, **({"confidence": spec.confidence} if spec.confidence else {}),
                       "skinny_gemm": target.skinny_gemm,  # recorded: our CPU kernel (backends/cpu/skinny.py)
                       **({"exit_layer": exit_layer} if drafter == "layer-skip" else {}),
-                      **({"draft_model": draft, "draft_weights": _drafter_weights(options.drafter.draft_weights, target)}
+                      **({"draft_model": draft,
+                          "draft_weights": _drafter_weights(options.drafter.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}
             if isinstance(engine.drafter, DraftModel):  # the draft head's shortlist (0: the whole vocabulary)
                 params["draft_vocab"] = engine.drafter.shortlist.size if engine.drafter.shortlist else 0
@@ -377,7 +380,7 @@ def _engine_runner(engine: Engine) -> Callable:
         synchronize(engine.target.device)
         began = time.perf_counter()
         seq = None
-        for seq, _ in engine.stream(prompt_ids, sampling, generation):
+        for seq, _ in engine.stream(prompt_ids, sampling, generation):  # noqa: B007 - the last seq is read after the loop
             pass
         synchronize(engine.target.device)
         seconds = time.perf_counter() - began

@@ -68,6 +68,6 @@ class PassCost:
 
 def pass_costs(target: Target, qs: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), context: int = 512,
                repeats: int = 20) -> list[PassCost]:
-    """Median time of one forward of q chain tokens after `context` cached tokens (pass_cost.time_passes)."""
+    """Median time of one forward of q chain tokens after `context` cached tokens (core/pass_costs.time_passes)."""
     median = time_passes(target, [(1, q) for q in qs], context=context, rounds=repeats, reduce="median")
     return [PassCost(q, median[1, q] * 1000) for q in qs]

@@ -19,7 +19,8 @@ from specdecode.core.trees import build_block
 from specdecode.loading.formats import QUANTIZED
 from specdecode.loading.load import load_model
 
-FORMATS = ("float32", "bfloat16", "int8", "int4", "int4-all", "gguf")  # the quantized ones: linear weights (quant/weights.py)
+# the quantized ones: linear weights (loading/formats.py)
+FORMATS = ("float32", "bfloat16", "int8", "int4", "int4-all", "gguf")
 
 
 @dataclass(frozen=True)

@@ -184,9 +184,10 @@ class PeakRss:
     """The process's peak resident set size while the block runs, in MiB (`mb`, set on exit; None off Linux).
 
     Exact where the process may reset its high-water mark (`reset_peak`): VmHWM on exit is then the peak of
-    the block, at no cost inside it (the reset and the read, ~0.1 ms, fall outside a method's own timing).
-    Elsewhere (or exact=False) a thread reads VmRSS every RSS_SAMPLE_S and may miss a shorter spike; one read
-    takes ~45 us (measured 2026-11-24 on the 2-core dev VM), ~0.2% of a core, too little to slow decoding."""
+    the block, at no cost inside it (the reset and the read fall outside a method's own timing).
+    Elsewhere (or exact=False) a thread reads VmRSS every RSS_SAMPLE_S and may miss a shorter spike; the reads
+    take a fraction of a percent of a core, too little to slow decoding (docs/benchmarks.md, "Reading the
+    report")."""
 
     def __init__(self, exact: bool = True):
         self.mb: float | None = None
@@ -249,10 +250,10 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     """The precision the model's logits are computed in, for near-tie classification: torch's int8 linears
-    take and give bf16 activations (backends/cpu/int8.py); packed layers (backends/cpu/linear.py) round activations to int8
-    per block of 32, which moves logits by about as much as bf16 (a rounding flipped by another path's
-    1e-7 moves its output by 1/254 of the block's largest value). Against our own plain decoding the packed
-    model is bit-exact (attention.row_exact_forward); against transformers' `generate` it is not."""
+    take and give bf16 activations (backends/cpu/int8.py); packed layers (backends/cpu/linear.py) round
+    activations to int8 per block of 32, which moves logits by about as much as bf16 (a rounding flipped by
+    another path's 1e-7 moves its output by 1/254 of the block's largest value). Against our own plain decoding
+    the packed model is bit-exact (attention.row_exact_forward); against transformers' `generate` it is not."""
     if any(isinstance(module, (Int8Linear, PackedLinear)) for module in model.modules()):
         return ACTIVATION_DTYPE
     return next(model.parameters()).dtype

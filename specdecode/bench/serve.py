@@ -77,7 +77,8 @@ def one_request(url: str, body: dict, timeout: float = 900.0) -> Sample:
                            {"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
-            raise ConfigError(f"the server refused a request: HTTP {response.status}: {_error_message(response.read())}")
+            raise ConfigError(f"the server refused a request: HTTP {response.status}: "
+                              f"{_error_message(response.read())}")
         first, usage = None, None
         for raw in response:
             line = raw.decode().strip()

@@ -37,12 +37,14 @@ def usage_error(error: Exception) -> str:
 
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
-    parser.add_argument("--model", default=None, help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
+    parser.add_argument("--model", default=None,
+                        help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
                              "dir, .gguf file or hub id (default: smollm2-135m-instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
                         help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
                              "measured one for the device, drafters.BEST_DRAFTER)")
-    parser.add_argument("--draft-model", default=None, help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
+    parser.add_argument("--draft-model", default=None,
+                        help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
                         help="draft-model: int4 / int8 weights, int4-all (the head in 4 bits too), or the target's "
                              "dtype (same); auto: int4-all on the CPU, where measured fastest")

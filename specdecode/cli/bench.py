@@ -42,8 +42,8 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
                         help="specdecode-draft-model / -layer-skip: stop a draft where the draft's top probability "
                              "falls below this (default: draft all --k tokens)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
-                        help="specdecode-draft-model's and hf-assisted-same-draft's draft: int4 / int8 (auto: int4 on the CPU) "
-                             "or the target's dtype (hf-assisted always uses the draft as loaded)")
+                        help="specdecode-draft-model's and hf-assisted-same-draft's draft: int4 / int8 (auto: int4 on "
+                             "the CPU) or the target's dtype (hf-assisted always uses the draft as loaded)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                         help="specdecode-draft-model: the draft head's shortlist (default: the whole "
                              "vocabulary)")

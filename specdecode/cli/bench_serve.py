@@ -84,7 +84,7 @@ def _check_url(url: str) -> None:
     if parts.scheme != "http" or not parts.hostname:
         raise ConfigError(f"--url must be http://HOST[:PORT] (the client speaks plain HTTP), got {url!r}")
     try:
-        parts.port
+        _ = parts.port  # read for its check: a port that is not a number or out of range raises
     except ValueError as error:
         raise ConfigError(f"--url {url!r}: {error}") from None
 

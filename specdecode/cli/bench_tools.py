@@ -46,7 +46,8 @@ def cmd_fastpath(args) -> int:
     unknown = [d for d in drafters if d not in registry() or registry()[d].needs_draft_model]
     if unknown:
         usable = [name for name, spec in registry().items() if not spec.needs_draft_model]
-        raise ConfigError(f"--drafters: unknown or unsupported drafter {unknown[0]!r}; choose from: {', '.join(usable)}")
+        raise ConfigError(f"--drafters: unknown or unsupported drafter {unknown[0]!r}; "
+                          f"choose from: {', '.join(usable)}")
     try:
         qs = tuple(int(q) for q in args.qs.split(","))
     except ValueError:
@@ -75,7 +76,8 @@ def register_quality(subparsers, name: str = "bench-quality") -> argparse.Argume
     parser = subparsers.add_parser(name, help="greedy token agreement and perplexity of weight formats vs float32",
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="packaged model name, HF dir, .gguf or hub id (default: SmolLM2)")
-    parser.add_argument("--formats", default=",".join(quality.FORMATS), help=f"comma list of {', '.join(quality.FORMATS)}")
+    parser.add_argument("--formats", default=",".join(quality.FORMATS),
+                        help=f"comma list of {', '.join(quality.FORMATS)}")
     parser.add_argument("--text", default=None, help="UTF-8 text file (default: the shipped data/quality.txt)")
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--out", default=None, help="write the rows as JSON here too")
@@ -139,7 +141,8 @@ def cmd_structured(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target, engines = structured.build_engines(args.model, drafters, args.k, args.draft_model)
-    rows = structured.summarise(structured.run(engines, target, tasks, args.max_new_tokens, progress=not args.no_progress))
+    rows = structured.summarise(structured.run(engines, target, tasks, args.max_new_tokens,
+                                               progress=not args.no_progress))
     table = structured.markdown(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,8 @@ def register(subparsers, name: str = "generate") -> None:
     gen.add_argument("--frequency-penalty", type=float, default=0.0,
                      help="subtract this times the times a token was generated (-2..2, as OpenAI)")
     gen.add_argument("--repetition-penalty", type=float, default=1.0,
-                     help="divide positive / multiply negative logits of prompt and generated tokens (0.01..10, as vLLM)")
+                     help="divide positive / multiply negative logits of prompt and generated tokens "
+                          "(0.01..10, as vLLM)")
     gen.add_argument("--logit-bias", type=_logit_bias, default=(), metavar="ID:BIAS,...",
                      help="add BIAS (-100..100) to token ID's logit (as OpenAI's logit_bias)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -82,7 +83,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_drafter_flags(args, [drafter], drafter if drafter == args.drafter else f"{args.drafter} (here: {drafter})")
     decoder = SpecDecoder.load(model_config(args), drafter_config(args), spec=spec_config(args))
     pieces, logged, seq = [], [], None
-    for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):
+    for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):  # noqa: B007 - the last seq is read after the loop
         pieces.append(chunk.text)
         logged.extend(chunk.logprobs or ())
         if not args.json and chunk.text:

@@ -32,8 +32,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="BYTES",
                         help="KV cache memory that requests may reserve (prompt + max_tokens each), in bytes or "
                              "with a unit (2GiB, 512MB); a request that does not fit now is answered 429, one that "
-                             f"never can 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or of the free GPU memory "
-                             "after loading)")
+                             f"never can 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or of the free GPU "
+                             "memory after loading)")
     parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
                         help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU, "
                              "int4 or fp32), calibrate (measure this model at startup), fixed (always --k)")

@@ -22,7 +22,8 @@ from specdecode.train.trainer import TrainConfig
 def register(subparsers, name: str) -> None:
     parser = subparsers.add_parser(name, help="train an EAGLE or Medusa drafter head for a target model")
     parser.add_argument("--kind", required=True, choices=["eagle", "medusa"])
-    parser.add_argument("--model", default=None, help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=None,
+                        help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--out", required=True, help="output directory (head, checkpoint, data cache)")
     parser.add_argument("--data", default=None, help="data cache directory (default OUT/data); reused when present")
     parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
@@ -83,9 +84,9 @@ def _validate(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     _validate(args)
-    data = DataConfig(num_prompts=args.num_prompts, num_followups=args.num_followups, max_new_tokens=args.max_new_tokens,
-                      gen_batch=args.gen_batch, temperature=args.temperature, gen_minutes=args.gen_minutes,
-                      max_len=args.max_len, seed=args.seed, text_tokens=args.text_tokens)
+    data = DataConfig(num_prompts=args.num_prompts, num_followups=args.num_followups,
+                      max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, temperature=args.temperature,
+                      gen_minutes=args.gen_minutes, max_len=args.max_len, seed=args.seed, text_tokens=args.text_tokens)
     train = TrainConfig(kind=args.kind, epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
                         batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, num_heads=args.heads,
                         checkpoint_every=args.checkpoint_every, seed=args.seed)

@@ -16,7 +16,8 @@ class TextStream:
 
     def push(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
-        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip)
+        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset],
+                                            skip_special_tokens=self.skip)
         full_text = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             delta = full_text[len(prefix_text) :]
@@ -27,7 +28,8 @@ class TextStream:
 
     def flush(self) -> str:
         """Whatever is held back (at the end of generation)."""
-        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip)
+        prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset],
+                                            skip_special_tokens=self.skip)
         full_text = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip)
         self.prefix_offset = self.read_offset = len(self.ids)
         return full_text[len(prefix_text) :]

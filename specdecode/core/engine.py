@@ -437,7 +437,7 @@ class Engine:
     def generate(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,
                  generation: GenerationConfig | None = None) -> Result:
         pieces, logprobs, seq = [], [], None
-        for seq, outcome in self.stream(prompt_ids, sampling, generation):
+        for seq, outcome in self.stream(prompt_ids, sampling, generation):  # noqa: B007 - the last seq is read after the loop
             pieces.append(outcome.text)
             logprobs.extend(outcome.logprobs or ())
         assert seq is not None

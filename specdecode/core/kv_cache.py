@@ -104,7 +104,8 @@ class _RowLayer(_OwnedLayer):
     def __init__(self, owner: RollbackCache):
         super().__init__(owner)
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.written: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # per batch row, last pass: keys, values, length
+        # per batch row, last pass: keys, values, length
+        self.written: list[tuple[torch.Tensor, torch.Tensor, int]] = []
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True  # buffers are per row, made at a row's first write
@@ -299,9 +300,10 @@ class RollbackCache(Cache):
     def _has_row(layer, row: int) -> bool:
         return layer.is_initialized if isinstance(layer, _SlotLayer) else row in layer.buffers
 
-    def row_buffers(self, layer_idx: int, ends: list[int], like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def row_buffers(self, layer_idx: int, ends: list[int],
+                    like: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Dynamic: one layer's buffers [kv_heads, capacity, head_dim] for the rows of this pass (`prepare`),
-        grown to hold ends[b] slots, for a forward that writes and reads them itself (quant/decoder.py).
+        grown to hold ends[b] slots, for a forward that writes and reads them itself (backends/cpu/decoder.py).
         like: [1, kv_heads, 0, head_dim] in the keys' dtype."""
         if self.static:
             raise ValueError("row buffers are the dynamic cache's; a static cache is read whole")
@@ -314,7 +316,8 @@ class RollbackCache(Cache):
         their capacities (`row_buffers`, grown to ends[b] slots) as one [num_layers, 3, b] int64 tensor, for the
         native decoder. Decoding asks for the same rows pass after pass and a buffer grows by a quarter at a
         time, so the table of the last call is handed out again while no buffer was made or freed since and
-        every row still has room (building it is ~0.2 ms of Python a pass for SmolLM2's 30 layers)."""
+        every row still has room (building it is a noticeable share of a pass's Python for SmolLM2's 30 layers:
+        docs/design-notes.md, "Native decoder layers")."""
         key = (tuple(self._row_list), num_layers, self.generation)
         if self._pointers is not None and self._pointers[0] == key:
             if all(end <= room for end, room in zip(ends, self._pointers[1])):

@@ -28,7 +28,8 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: int) -> tuple
     if top_n:
         values, ids = logp.topk(top_n, dim=-1)
         # a token the grammar forbids (-inf) is no alternative: fewer than top_n are listed where it allows fewer
-        tops = [tuple((t, lp) for t, lp in zip(i, v) if lp != float("-inf")) for i, v in zip(ids.tolist(), values.tolist())]
+        tops = [tuple((t, lp) for t, lp in zip(i, v) if lp != float("-inf"))
+                for i, v in zip(ids.tolist(), values.tolist())]
     else:
         tops = [()] * len(tokens)
     return tuple(TokenLogprob(t, lp, top) for t, lp, top in zip(tokens, chosen, tops))

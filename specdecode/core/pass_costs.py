@@ -2,7 +2,7 @@
 
 Which matrix kernel serves few-row passes is timed here too (`skinny_rows`, the kernel's own sweep). Three users
 ask about passes: a drafter deciding how deep to draft needs the cost of one more row of a
-verify pass (`measure_row_cost`, via Target.row_cost, drafters/row_budget.py); the server's batch policy needs a
+verify pass (`measure_row_cost`, via Target.row_cost, drafters/common/row_budget.py); the server's batch policy needs a
 table cost(batch, tokens) (server/policy.calibrate); the benchmark reports the per-pass cost curve
 (bench/passcost.pass_costs). All of them time the same thing (`time_passes`)."""
 from __future__ import annotations
@@ -52,8 +52,9 @@ def time_passes(target, shapes: Sequence[Shape], context: int, rounds: int,
 
 def measure_row_cost(target, width: int = 8, rounds: int = 3) -> float:
     """Cost of one more row of a pass, in one-token passes: 0 off the CPU (a pass is flat there up to tens of
-    tokens); on the CPU (t_width / t_1 - 1) / (width - 1) over a cache of 32 tokens (~0.5 s for SmolLM2; 0.14
-    on the 2-core dev VM). A CPU whose BLAS handles few rows well gets a lower cost."""
+    tokens); on the CPU (t_width / t_1 - 1) / (width - 1) over a cache of 32 tokens (under a second for SmolLM2,
+    about a seventh of a pass a row there: docs/design-notes.md, "Measured defaults"). A CPU whose BLAS handles
+    few rows well gets a lower cost."""
     if target.device.type != "cpu":
         return 0.0
     best = time_passes(target, [(1, 1), (1, width)], context=32, rounds=rounds)
@@ -69,9 +70,8 @@ def measure_chain_costs(draft, target, depth: int, rounds: int = 2) -> tuple[flo
     """What a draft model's chain of up to `depth` tokens costs, in the target's one-token passes over caches of
     32 tokens: (one draft pass, [a verify pass of 1 + n tokens for n = 0..depth]). The verify curve is measured,
     not a line: on AVX2 the Qwen 1.5B's 2-token pass costs about its 1-token pass, and each row past 4 costs about
-    twice what a row up to 4 does (57 / 58 / 74 / 83 / 132 / 150 ms at 1 / 2 / 4 / 5 / 8 / 9 tokens). Widths
-    between the measured ones (1, 2, 3, 4, 6, 8, 12, 16, ...) are interpolated. Off the CPU passes are flat: (0,
-    all 1)."""
+    twice what a row up to 4 does (docs/drafters.md, "draft-model"). Widths between the measured ones (1, 2, 3,
+    4, 6, 8, 12, 16, ...) are interpolated. Off the CPU passes are flat: (0, all 1)."""
     if target.device.type != "cpu":
         return 0.0, [1.0] * (depth + 1)
     widths = sorted({w for w in (1, 2, 3, 4, 6, 8, *range(12, depth + 2, 4), depth + 1) if w <= depth + 1})

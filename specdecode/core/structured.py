@@ -7,8 +7,9 @@ the pass. The verifiers then see an ordinary draft and ordinary (masked) scores.
 
 The grammar engine is llguidance (PyPI `llguidance`): no dependencies, the token-level forced continuations
 (`compute_ff_tokens`) that grammar drafting needs, rollback for walking a tree, and Lark/GBNF/JSON schema/regex
-front ends. xgrammar computes masks faster (docs/structured.md) but a mask costs llguidance ~0.1 ms against a
-75 ms step, and xgrammar brings triton and tvm-ffi and forces strings rather than tokens.
+front ends. xgrammar computes masks faster, but llguidance's mask is a small fraction of a percent of a CPU
+decoding step (docs/structured.md, "Choice of grammar engine"), and xgrammar brings triton and tvm-ffi and
+forces strings rather than tokens.
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def grammar_text(structure: Structure) -> str:
 
 
 class Grammars:
-    """Compiles structures for one tokenizer. Wrapping the tokenizer costs 0.5 s (49k tokens) to 2.4 s (152k) on
-    a 2-core CPU, so it is built once, on first use, under a lock (server handlers check requests on threads)."""
+    """Compiles structures for one tokenizer. Wrapping the tokenizer costs from half a second to a few seconds on a
+    2-core CPU, growing with the vocabulary (docs/structured.md, "Choice of grammar engine"), so it is built once,
+    on first use, under a lock (server handlers check requests on threads)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]):
         self._hf, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids

@@ -30,8 +30,9 @@ class ForwardOutput:
 
 def eager_attention(device: torch.device) -> contextlib.AbstractContextManager:
     """SDPA backends for uncompiled passes. On CUDA, cuDNN attention (torch's first choice for masked bf16 on an
-    H100) builds an execution plan for every new shape, ~0.5 ms of host time per call (profiled); decoding
-    changes shape every step, so memory-efficient / flash / math kernels are used instead."""
+    H100) builds an execution plan for every new shape, which costs far more host time per call than the attention
+    itself (docs/gpu.md, "What limits it"); decoding changes shape every step, so memory-efficient / flash / math
+    kernels are used instead."""
     return sdpa_kernels(device, ("flash", "efficient", "math"))
 
 
@@ -57,8 +58,9 @@ PER_ROW_MIN_CONTEXT = 512  # per-row attention pays once the longest row is this
 
 def _uneven(slots: int | torch.Tensor, kv_len: int) -> bool:
     """Whether rows' contexts differ enough for per-row attention to pay: one attention call per row and layer
-    costs more than the padded batch's one where rows are alike (16 rows of 60 tokens: 140-180 against 115-125
-    ms a step, SmolLM2 on the 2-core CPU); it saves the padded copy and attention where one row is long."""
+    costs more than the padded batch's one where rows are alike (a third more a step for 16 rows of 60 tokens,
+    SmolLM2 on a 2-core CPU: docs/serving.md, "Continuous batching"); it saves the padded copy and attention
+    where one row is long."""
     if isinstance(slots, int) or kv_len < PER_ROW_MIN_CONTEXT:
         return False
     ends = slots.max(dim=1).values + 1  # [b] each row's context after this pass
@@ -138,7 +140,7 @@ class Target:
 
     @functools.cached_property
     def _skinny(self) -> SkinnyLinears | None:
-        """The few-row kernel's swap for our passes (skinny.py), or None; decided on first use: as given
+        """The few-row kernel's swap for our passes (backends/cpu/skinny.py), or None; decided on first use: as given
         (skinny_gemm), else as timed on this machine (pass_costs.skinny_rows)."""
         if self.device.type != "cpu" or self._skinny_choice is False:
             return None
@@ -151,7 +153,7 @@ class Target:
 
     @property
     def skinny_rows(self) -> int | None:
-        """The fewest rows our passes compute as W @ X^T (skinny.py), or None: never."""
+        """The fewest rows our passes compute as W @ X^T (backends/cpu/skinny.py), or None: never."""
         return None if self._skinny is None else self._skinny.min_rows
 
     @functools.cached_property
@@ -165,14 +167,14 @@ class Target:
         padded or not, and a pass of its own would add a step's fixed cost: always. On a CPU only a chunk no
         wider than the widest decode row: riding, a wider one would pad every row of the pass to its length,
         which transformers' forward computes (40 prompt tokens beside three one-token rows: 160 rows for 43);
-        the native decoder computes no padding, yet riding still measured slower there (bench-serve, agentic, 8
-        clients: 193 against 260 tokens/s)."""
+        the native decoder computes no padding, yet riding still measured slower there (about a quarter fewer
+        tokens/s in bench-serve's agentic workload at 8 clients: docs/serving.md, "bench-serve")."""
         return self.device.type != "cpu" or tokens <= width
 
     def new_cache(self, rows: int = 1, capacity: int = 256, num_layers: int | None = None) -> RollbackCache:
         if self.fast.enabled:
-            return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=max(capacity, self.fast.capacity_for(self.device)),
-                                 static=True)
+            return RollbackCache(num_layers or self.num_layers, rows=rows,
+                                 capacity=max(capacity, self.fast.capacity_for(self.device)), static=True)
         return RollbackCache(num_layers or self.num_layers, rows=rows, capacity=capacity)
 
     @torch.inference_mode()
@@ -201,7 +203,8 @@ class Target:
         slots = block.uniform_start if block.uniform_start is not None else block.slots
         inputs = {"input_ids": block.input_ids, "positions": block.positions, "slots": slots}
         masks = self._layer_masks(block)
-        inputs.update({"mask": masks} if isinstance(masks, torch.Tensor) else {f"mask:{k}": v for k, v in masks.items()})
+        inputs.update({"mask": masks} if isinstance(masks, torch.Tensor)
+                      else {f"mask:{k}": v for k, v in masks.items()})
 
         def step(inputs: dict) -> tuple[torch.Tensor, ...]:
             return self._call(fn, cache, rows, inputs, block.kv_len, keep, hidden, num_layers)
@@ -233,7 +236,8 @@ class Target:
         attention = eager_attention(self.device) if eager else sdpa_kernels(self.device, self.fast.attention_kernels)
         linears = self._skinny if self._skinny is not None else contextlib.nullcontext()  # compiled too: traced in
         if per_row:  # rows of different lengths: each attends over its own (attention.row_sdpa_forward)
-            routed, extra = using_grouped_attention(self.config, name=ROWS_NAME), {"specdecode_rows": cache.rows_written}
+            routed = using_grouped_attention(self.config, name=ROWS_NAME)
+            extra = {"specdecode_rows": cache.rows_written}
         else:
             routed, extra = using_grouped_attention(self.config, cache.static and self.fast.grouped_attention), {}
         with self._truncated(num_layers), attention, linears, routed:

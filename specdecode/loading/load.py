@@ -114,7 +114,8 @@ def check_kv_half(config: ModelConfig) -> None:
     why = (f"device {config.device}" if config.on_cuda
            else f"weights {fmt} are not packed" if fmt not in QUANTIZED else None)
     if why:
-        raise ConfigError(f"an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): {why}")
+        raise ConfigError("an fp16 KV cache needs the native decoder (a packed Llama or Qwen2 model on the CPU): "
+                          f"{why}")
 
 
 def model_dtype(spec: str | None, device: str = "cpu") -> str:

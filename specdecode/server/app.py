@@ -369,7 +369,8 @@ class _Reply:
             choice = s.ChatChunkChoice(delta=s.Delta(role=role, content=text if role is None else ""),
                                        finish_reason=finish_reason, logprobs=self._chat_logprobs(logprobs))
             return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
-        choice = s.CompletionChoice(text=text, finish_reason=finish_reason, logprobs=self._completion_logprobs(logprobs))
+        choice = s.CompletionChoice(text=text, finish_reason=finish_reason,
+                                    logprobs=self._completion_logprobs(logprobs))
         return _dump(s.Completion(**self._head(), choices=[choice]))
 
     def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:

@@ -10,7 +10,8 @@ from specdecode.server import schemas as s
 TokenText = Callable[[int], str]
 
 
-def completion_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText, offset: int = 0) -> s.CompletionLogprobs:
+def completion_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText,
+                        offset: int = 0) -> s.CompletionLogprobs:
     """offset: characters of the completion before these tokens (a stream's earlier chunks)."""
     tokens = [token_text(entry.token) for entry in entries]
     offsets = []

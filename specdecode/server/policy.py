@@ -76,9 +76,10 @@ SMOLLM2_CPU_FP32 = CostTable(
     ),
 )
 
-# The same model in int4 (the CPU default: packed layers, native decoder layers), same machine, quiet, 2026-11-25,
-# each cell the fastest of 8 rounds. Rows are compute here: a batch's cost grows almost linearly with its rows
-# (one token on 16 rows ~7x one row; fp32 above: ~2.5x), so drafting pays at far smaller batches than in fp32.
+# The same model in int4 (the CPU default: packed layers, native decoder layers), same machine, quiet, each cell
+# the fastest of 8 rounds (docs/design-notes.md, "Measured defaults"). Rows are compute here: a batch's cost grows
+# almost linearly with its rows (one token on 16 rows ~7x one row; fp32 above: ~2.5x), so drafting pays at far
+# smaller batches than in fp32.
 SMOLLM2_CPU_INT4 = CostTable(
     batches=(1, 2, 4, 8, 16),
     qs=(1, 2, 3, 4, 5, 7, 9),
@@ -181,7 +182,7 @@ class AcceptanceStats:
 def calibrate(target: Target, batches: Sequence[int] = (1, 2, 4, 8, 16),
               qs: Sequence[int] = (1, 2, 3, 4, 5, 7, 9), context: int = 256, repeats: int = 5) -> CostTable:
     """Measure cost(b, q): a chain block of q tokens per row over `context` cached tokens, each cell its fastest
-    of `repeats` rounds (pass_cost.time_passes)."""
+    of `repeats` rounds (core/pass_costs.time_passes)."""
     best = time_passes(target, [(b, q) for b in batches for q in qs], context=context, rounds=repeats)
     ms = tuple(tuple(round(best[b, q] * 1000, 1) for q in qs) for b in batches)
     return CostTable(tuple(batches), tuple(qs), ms)

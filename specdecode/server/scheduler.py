@@ -287,7 +287,7 @@ class Scheduler:
     def _run(self) -> None:
         if self.engine.drafter.capabilities.prices_rows:
             try:  # measured here, on the thread that decodes, before the first request (row_budget.RowCost)
-                self.engine.target.row_cost
+                _ = self.engine.target.row_cost
             except Exception:  # noqa: BLE001 - the first step measures it again, and fails that batch
                 log.exception("measuring the row cost failed")
         while True:

@@ -203,7 +203,8 @@ class CompletionRequest(_Sampling):
             problems.append(("best_of", "only best_of=1 is supported"))
         if self.suffix:
             problems.append(("suffix", "suffix is not supported"))
-        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int) and len(self.prompt) > 1:
+        if (isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int)
+                and len(self.prompt) > 1):
             problems.append(("prompt", "only one prompt per request is supported"))
         return problems
 

@@ -86,7 +86,7 @@ def default_kv_memory(device: str) -> int:
 def build_service(config: ServeConfig) -> Service:
     """Load the model and the drafters; returns the app's Service (its scheduler not started). On the CPU the
     load runs on a thread that ends, so that the scheduler's thread, which decodes, owns the only OpenMP team
-    (own_thread.py)."""
+    (backends/cpu/own_thread.py)."""
     if config.model.on_cuda:
         return _build_service(config)
     return run_in_own_thread(_build_service, config)

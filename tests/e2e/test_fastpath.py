@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from specdecode.backends.cuda.fast_path import bucket_for
-from specdecode.config import FastPathConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, FastPathConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.core.trees import build_block, pad_block
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.tiny import byte_tokenizer, tiny_llama
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"

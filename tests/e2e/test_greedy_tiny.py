@@ -5,10 +5,10 @@ against an independent implementation."""
 import pytest
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.drafting import Capabilities, Draft
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter, registry
+from specdecode.drafters import build_drafter, registry
 from tests.tiny import tiny_drafter
 
 PROMPTS = {
@@ -17,6 +17,7 @@ PROMPTS = {
     "short": "Hi",
 }
 NEW_TOKENS = 48
+GREEDY = SamplingConfig()  # frozen, so one shared default is safe
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
@@ -49,7 +50,7 @@ def test_greedy_equals_plain_with_free_rows(name, tiny_target, tiny_tokenizer, r
 
 @pytest.mark.parametrize("weights", ["same", "int8", "int4", "int4-all"])
 def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
-    """The registry's draft model drafts with quantized weights on the CPU by default (int8_draft.draft_format);
+    """The registry's draft model drafts with quantized weights on the CPU by default (loading/formats.draft_format);
     every way the output is the target's."""
     from specdecode.backends.cpu import native
 
@@ -64,7 +65,7 @@ def test_draft_model_greedy_with_any_draft_weights(weights, tiny_target, tiny_to
 
 @pytest.mark.parametrize("weights", ["same", "int4"])
 def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
-    """The draft head cut to its first 64 of 259 ids plus the tokens seen (drafters/shortlist.py): drafts the
+    """The draft head cut to its first 64 of 259 ids plus the tokens seen (drafters/common/shortlist.py): drafts the
     target rejects more often, the same output."""
     from specdecode.backends.cpu import native
     from specdecode.drafters.common.shortlist import ShortlistHead
@@ -78,7 +79,7 @@ def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenize
     assert len(drafter.shortlist.ids) > 0  # tokens beyond the first 64 were seen and scored
 
 
-def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references, sampling: SamplingConfig = SamplingConfig(),
+def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references, sampling: SamplingConfig = GREEDY,
                   accepted: bool = False) -> None:
     proposed = taken = 0
     for key, text in PROMPTS.items():
@@ -134,7 +135,7 @@ def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
 @pytest.fixture(scope="module", params=["torch-int8", "int8", "int4"])
 def quantized_target(request, tiny_model, tiny_tokenizer):
     """The tiny target with quantized linear weights: torch's per-channel int8 kernel, and the packed q8 / q4
-    layers of `--weights int8` / `int4` (quant/). The quantized model IS the target."""
+    layers of `--weights int8` / `int4` (backends/cpu/). The quantized model IS the target."""
     import copy
 
     from specdecode.backends.cpu import native
@@ -159,7 +160,7 @@ def test_greedy_equals_plain_on_a_quantized_target(name, quantized_target, tiny_
     """Every drafter over a target whose linears are quantized: output equals greedy decoding of that same
     quantized model (which differs from the fp32 model's: the reference must be the quantized one). That is
     transformers' `generate` for torch's int8 layers; for packed layers, whose decoder runs natively
-    (quant/decoder.py, the model up to rounding: tests/unit/test_packed_decoder.py), our own plain decoding of
+    (backends/cpu/decoder.py, the model up to rounding: tests/unit/test_packed_decoder.py), our own plain decoding of
     the packed target, so plain decoding itself is not compared there."""
     target = quantized_target
     if target.packed_decoder:
@@ -188,7 +189,8 @@ class _Oracle:
         self.continuations = continuations
 
     def start(self, seq):
-        seq.state = next(ids for prompt, ids in self.continuations.items() if tuple(seq.tokens[: len(prompt)]) == prompt)
+        seq.state = next(ids for prompt, ids in self.continuations.items()
+                         if tuple(seq.tokens[: len(prompt)]) == prompt)
 
     def propose(self, seqs):
         drafts = []

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.trees import compile_paths
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.common.head_io import find_shipped_head
 from specdecode.drafters.eagle import Eagle, TreeBudget
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.config import GenerationConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SpecConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 
 PROMPTS = [
     "Write a Python function that returns the sum of the squares of a list of numbers.",

@@ -1,18 +1,18 @@
 """The real pair: Qwen2.5-Coder-1.5B-Instruct (target) drafted by Qwen2.5-Coder-0.5B-Instruct, both assembled
 from their part packages and decoding with their CPU default of int4 linear weights. Greedy output of the
 draft-model drafter, with a fixed chain and with adaptive K, equals plain greedy decoding of the same target
-on three prompts; the drafts are really accepted; and a corrupted assembled GGUF is detected and rebuilt. The first run converts both models
-once (~1.5 + ~4.5 min on a 2-core CPU); later loads take seconds."""
+on three prompts; the drafts are really accepted; and a corrupted assembled GGUF is detected and rebuilt. The
+first run converts both models once (~1.5 + ~4.5 min on a 2-core CPU); later loads take seconds."""
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
 
-from specdecode.config import GenerationConfig, ModelConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter, none
+from specdecode.drafters import build_drafter, none
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.loading.packages import PACKAGED, gguf_path, sha256_file
 
@@ -50,7 +50,7 @@ def chat_ids(target: Target, text: str) -> list[int]:
 
 
 def test_both_decode_with_int4_weights(pair):
-    """The pair's default on the CPU (model_packages.py, int8_draft.draft_format): q4 layers; the target's head
+    """The pair's default on the CPU (loading/packages.py, loading/formats.draft_format): q4 layers; the target's head
     q8, the draft's q4."""
     target, drafter = pair
     for model, head in ((target.model, "q8"), (drafter.draft.model, "q4")):

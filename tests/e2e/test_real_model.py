@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specdecode.api import SpecDecoder
-from specdecode.config import GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter, registry
+from specdecode.drafters import build_drafter, registry
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +171,7 @@ def test_int4_verify_pass_reproduces_one_token_logits(int4_model):
 
 
 def test_int4_packed_decoder_is_the_model_and_verifies_exactly(int4_model):
-    """The native decoder layers (quant/decoder.py) on the real int4 model: with its fp32 cache its first layer
+    """The native decoder layers (backends/cpu/decoder.py) on the real int4 model: with its fp32 cache its first layer
     matches transformers' to float rounding and its greedy choices over a prompt match; with an fp16 cache
     (kv_half) too, to 90 %; and a 5-token pass reproduces one-token passes bit for bit with it. Within one layer
     the two differ only where a float rounding flips an int8 activation code."""

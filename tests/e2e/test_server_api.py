@@ -10,8 +10,9 @@ import httpx
 import openai
 import pytest
 
+from specdecode.config import DrafterConfig
 from specdecode.core.drafting import Draft
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
 from specdecode.server.policy import CostTable, SpecPolicy
 from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, serving, tiny_service

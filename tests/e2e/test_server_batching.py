@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.config import SamplingConfig
+from specdecode.config import DrafterConfig, SamplingConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.e2e.server_util import PROMPTS, SPEC, chat_ids, reference, staggered
 
 

@@ -16,9 +16,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdecode.cli.main import main
-from specdecode.config import GenerationConfig, SamplingConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.e2e.server_util import MODEL, SPEC, reference, serving, tiny_service
 from tests.fakes import Oracle
 
@@ -267,7 +267,8 @@ def test_openapi_declares_both_request_bodies(server):
                                           (["--api-key", "from-flag"], "from-env", "from-flag")])
 def test_serve_passes_the_key_and_connection_limits(monkeypatch, argv, env, key):
     seen: dict = {}
-    monkeypatch.setattr("specdecode.cli.serve.build_service", lambda config: seen.update(api_key=config.api_key) or "service")
+    monkeypatch.setattr("specdecode.cli.serve.build_service",
+                        lambda config: seen.update(api_key=config.api_key) or "service")
     monkeypatch.setattr("specdecode.cli.serve.create_app", lambda service: "app")
     monkeypatch.setattr("uvicorn.run", lambda app, **settings: seen.update(settings))
     if env is None:

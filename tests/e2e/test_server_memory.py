@@ -14,9 +14,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specdecode.config import DrafterConfig
 from specdecode.core.drafting import Draft
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
 from tests.e2e.server_util import MODEL, SPEC, serving, tiny_service
 from tests.tiny import tiny_llama

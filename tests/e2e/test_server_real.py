@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.config import DrafterConfig
+from specdecode.drafters import build_drafter
 from specdecode.server.app import ServerConfig, build_service
 from specdecode.server.policy import SpecPolicy, builtin_table
 from tests.e2e.server_util import SPEC, chat_ids, reference, serving

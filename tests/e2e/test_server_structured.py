@@ -9,9 +9,9 @@ import json
 import openai
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig, Structure
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig, Structure
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.e2e.server_util import MODEL, PROMPTS, SPEC, chat_ids, serving, tiny_service
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -64,7 +64,8 @@ def test_completions_take_response_format_and_the_vllm_extension(client, tiny_ta
     reply = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=16,
                                       extra_body={"structured_outputs": {"choice": ["alpha", "beta", "gamma"]}})
     assert reply.choices[0].text in ("alpha", "beta", "gamma")
-    reference = plain(tiny_target, tiny_tokenizer(prompt)["input_ids"], 16, Structure.choice(["alpha", "beta", "gamma"]))
+    reference = plain(tiny_target, tiny_tokenizer(prompt)["input_ids"], 16,
+                      Structure.choice(["alpha", "beta", "gamma"]))
     assert reply.choices[0].text == reference.text
     reply = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=160,
                                       extra_body={"response_format": {"type": "json_object"}})

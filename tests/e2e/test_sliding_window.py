@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter, eagle
+from specdecode.drafters import build_drafter, eagle
 
 PROMPT = [5, 9, 13, 5, 9, 13, 21, 5, 9, 13, 30, 31, 5, 9]
 NEW = 24

@@ -8,9 +8,9 @@ import httpx
 import openai
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.suffix import Suffix
 from tests.e2e.server_util import MODEL, SPEC, reference, serving, staggered, tiny_service
 from tests.e2e.test_greedy_tiny import NEW_TOKENS, PROMPTS, hf_greedy

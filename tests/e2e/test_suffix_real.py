@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.e2e.server_util import chat_ids
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,9 @@
 """`--drafter auto` (the default): the best measured drafter for the device, falling back to model-free
 prompt lookup when the model has no trained head."""
-from specdecode.config import SpecConfig
+from specdecode.config import DrafterConfig, SpecConfig
 from specdecode.core.target import Target
-from specdecode.drafters import AUTO, DrafterConfig, best_drafter_name, build_drafter
-
-from ..tiny import tiny_llama
+from specdecode.drafters import AUTO, best_drafter_name, build_drafter
+from tests.tiny import tiny_llama
 
 
 def test_auto_falls_back_to_prompt_lookup_without_a_head():

@@ -7,10 +7,10 @@ import pytest
 
 from specdecode.bench import structured as bench
 from specdecode.cli.main import main
-from specdecode.config import SpecConfig
+from specdecode.config import DrafterConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.structured import Grammars
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 
 
 def test_shipped_tasks_cover_three_kinds_and_compile(tiny_tokenizer):

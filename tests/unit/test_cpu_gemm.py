@@ -1,4 +1,5 @@
-"""The CPU linear kernel (cpu_gemm): same products as F.linear, scoped to our passes, lossless when forced on."""
+"""The CPU linear kernel (backends/cpu/skinny.py): same products as F.linear, scoped to our passes, lossless when
+forced on."""
 import pytest
 import torch
 

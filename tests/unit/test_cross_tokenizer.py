@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.common.text_bridge import appended_text, committed_text, continuation_ids, encode
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdecode.drafters.draft_model import DraftModel

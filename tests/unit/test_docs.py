@@ -15,7 +15,8 @@ from specdecode.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-COMMAND = re.compile(r"(?:\.venv/bin/)?specdecode ((?:generate|bench-serve|bench-fastpath|bench-structured|bench-quality|bench|serve|train)\b.*)")
+COMMAND = re.compile(r"(?:\.venv/bin/)?specdecode "
+                     r"((?:generate|bench-serve|bench-fastpath|bench-structured|bench-quality|bench|serve|train)\b.*)")
 PLACEHOLDERS = {"W,N,G": "1,4,1", "PROMPT": "hi"}
 
 

@@ -9,12 +9,12 @@ import copy
 
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.drafting import Capabilities
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.core.trees import build_block
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.layer_skip import LayerSkip
 from tests.fakes import WrongThenRightTree

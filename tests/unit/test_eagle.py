@@ -1,15 +1,17 @@
 """EAGLE and Medusa drafters on tiny random models: greedy output equals plain greedy output whatever the
 heads; the incremental tree drafting and the training unroll both equal a plain sequential computation."""
+import json
+
 import pytest
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.drafting import Draft, SequenceContext
 from specdecode.core.engine import Engine
 from specdecode.core.sampling import make_generator
 from specdecode.core.target import Target
 from specdecode.core.trees import build_block
-from specdecode.drafters import DrafterConfig, build_drafter, eagle, medusa
+from specdecode.drafters import build_drafter, eagle, medusa
 from specdecode.drafters.common.head_io import fingerprint, load_head, save_head
 from specdecode.drafters.common.nets import FrozenVocab
 from specdecode.errors import ConfigError
@@ -199,3 +201,12 @@ def path_to(draft: Draft, node: int) -> list[int]:
         path.insert(0, draft.tokens[node])
         node = draft.parents[node]
     return path
+
+
+def test_the_shipped_heads_are_where_drafters_look():
+    """The default model's EAGLE and Medusa heads ship inside the package; the lookup finds them wherever the
+    module that reads them lives."""
+    from specdecode.drafters.common.head_io import SHIPPED_ROOT
+
+    kinds = {json.loads(path.read_text())["kind"] for path in SHIPPED_ROOT.glob("*/*/config.json")}
+    assert {"eagle", "medusa"} <= kinds

@@ -1,4 +1,4 @@
-"""Int8 draft weights (int8_draft.py): what is replaced, that the draft still predicts like its fp32 self, and
+"""Int8 draft weights (backends/cpu/int8.py): what is replaced, that the draft still predicts like its fp32 self, and
 the errors for a choice that cannot be honoured."""
 import pytest
 import torch
@@ -65,9 +65,11 @@ def test_target_weights_choice():
     from specdecode.errors import ModelError
     from specdecode.loading.load import resolve_weights
 
-    assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cpu", weights="auto")) == ("int4" if native.missing() is None else "int8")
+    packed = native.missing() is None
+    assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cpu", weights="auto")) == (
+        "int4" if packed else "int8")
     assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cuda", weights="auto")) == "same"
-    assert resolve_weights(ModelConfig(None, device="cpu", weights="auto")) == ("int4" if native.missing() is None else "same")
+    assert resolve_weights(ModelConfig(None, device="cpu", weights="auto")) == ("int4" if packed else "same")
     assert resolve_weights(ModelConfig("some/dir", device="cpu", weights="auto")) == "same"
     assert resolve_weights(ModelConfig("some/dir", device="cpu", weights="int8")) == "int8"
     assert resolve_weights(ModelConfig("qwen2.5-coder-1.5b", device="cpu", weights="same")) == "same"
@@ -88,7 +90,7 @@ def test_auto_weights_fall_back_per_model_where_the_native_kernel_cannot_run(mon
 
 
 def test_load_model_with_int8_weights(tiny_model_dir):
-    """`--weights int8` packs q8 layers with the native kernel (quant/), torch's int8 kernel where it cannot run;
+    """`--weights int8` packs q8 layers with the native kernel (backends/cpu/), torch's int8 kernel where it cannot run;
     a layer whose shape does not fit the packed layout (the tiny head's 259 outputs) keeps its float weights."""
     from specdecode.backends.cpu.linear import PackedLinear
     from specdecode.loading.load import load_model

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.kv_cache import RollbackCache
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.fakes import WrongThenRightTree
 
 PROMPT = "abcabcabd abcabc"
@@ -87,7 +87,7 @@ def test_a_dynamic_row_grows_on_write_and_keeps_its_slots():
     assert [tuple(t.shape) for t in cache.row_view(0, 10**6)[0]] == [(2, 64, 4)] * 2
     assert [tuple(t.shape) for t in cache.row_view(1, 10**6)[0]] == [(2, 256, 4)] * 2  # rounded up to 64
     _fill(cache, [0], 70)  # past row 0's end
-    for (keys, values), (other, _) in zip(cache.row_view(0, 10**6), cache.row_view(1, 10**6)):
+    for (keys, _), (other, _) in zip(cache.row_view(0, 10**6), cache.row_view(1, 10**6)):
         assert keys.shape[1] == 128 and other.shape[1] == 256
         assert keys[0, :70, 0].tolist() == list(range(70))
         assert other[0, :8, 0].tolist() == list(range(100, 108))

@@ -54,7 +54,7 @@ def test_window_mask_is_the_lookahead_mask():
     for level in range(levels):
         for col in range(w):
             seen = {int(j) for j in visible[node(level, col)].nonzero()}
-            assert seen == {node(0, c) for c in range(col + 1)} | {node(l, col) for l in range(1, level + 1)}
+            assert seen == {node(0, c) for c in range(col + 1)} | {node(j, col) for j in range(1, level + 1)}
 
 
 def test_pool_keeps_recent_unique_continuations():

@@ -1,5 +1,5 @@
-"""Loading on a thread that ends (own_thread.py): the result or the error comes back to the caller, and the
-library and the server load that way on the CPU, so the decoding thread owns the only OpenMP team."""
+"""Loading on a thread that ends (backends/cpu/own_thread.py): the result or the error comes back to the caller,
+and the library and the server load that way on the CPU, so the decoding thread owns the only OpenMP team."""
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,4 @@
-"""The packed-model cache (quant/packed_cache.py): a second load reads the packed tensors, not the float
+"""The packed-model cache (loading/packed_cache.py): a second load reads the packed tensors, not the float
 weights, and gives the very same model; a damaged file is rebuilt."""
 import pytest
 import torch
@@ -107,7 +107,8 @@ def test_writing_the_weights_later_keeps_the_packed_copy_name(tmp_path):
     manifest = directory / "specdecode-manifest.json"
     manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": files}))
     before = packed_cache.path_for(str(directory), "int4", tmp_path)
-    manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": {**files, "model.safetensors": "3" * 64}}))
+    manifest.write_text(json.dumps({"format": 1, "source": "m.gguf",
+                                    "files": {**files, "model.safetensors": "3" * 64}}))
     assert packed_cache.path_for(str(directory), "int4", tmp_path) == before
     manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": {**files, "config.json": "4" * 64}}))
     assert packed_cache.path_for(str(directory), "int4", tmp_path) != before  # another model: another copy

@@ -1,5 +1,6 @@
-"""The native decoder layers of packed Llama-family models (quant/decoder.py, quant/layers.c): the same model
-as transformers' forward over the same modules (up to rounding), and every row's bits independent of its pass."""
+"""The native decoder layers of packed Llama-family models (backends/cpu/decoder.py, backends/cpu/layers.c): the
+same model as transformers' forward over the same modules (up to rounding), and every row's bits independent of
+its pass."""
 import copy
 
 import pytest

@@ -61,8 +61,8 @@ def test_min_p_drops_the_unlikely():
 @pytest.mark.parametrize("fields", [{"presence_penalty": 2.5}, {"frequency_penalty": -3}, {"repetition_penalty": 0},
                                     {"min_p": 1.5}, {"logit_bias": ((1, 101),)}, {"logit_bias": ((-1, 1),)},
                                     {"logit_bias": ((1, 1), (1, 2))}, {"logit_bias": (("a", 1),)},
-                                    {"logit_bias": ((1,),)}, {"repetition_penalty": float("inf")}, {"repetition_penalty": 5e-324},
-                                    {"repetition_penalty": 11}])
+                                    {"logit_bias": ((1,),)}, {"repetition_penalty": float("inf")},
+                                    {"repetition_penalty": 5e-324}, {"repetition_penalty": 11}])
 def test_bad_values_are_config_errors(fields):
     with pytest.raises(ConfigError):
         SamplingConfig(**fields)

@@ -7,10 +7,10 @@ import copy
 
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.tiny import tiny_drafter
 
 CONFIG = GenerationConfig(max_new_tokens=24, stop_on_eos=False)

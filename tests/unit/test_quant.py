@@ -1,4 +1,4 @@
-"""Quantized linear layers (quant/): the kernel against a float reference of the same integer arithmetic, row
+"""Quantized linear layers (backends/cpu/): the kernel against a float reference of the same integer arithmetic, row
 independence (what makes speculation over a quantized target lossless), packing a model, the GGUF-derived
 formats and the weight choices."""
 import pytest

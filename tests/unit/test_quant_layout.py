@@ -1,5 +1,5 @@
-"""The packed layout of quant/linear.py is the one kernels.c reads: byte by byte against its description, and a
-row's output independent of its batch across several of the kernel's row tiles."""
+"""The packed layout of backends/cpu/linear.py is the one kernels.c reads: byte by byte against its description,
+and a row's output independent of its batch across several of the kernel's row tiles."""
 import pytest
 import torch
 from torch import nn

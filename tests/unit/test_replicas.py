@@ -45,9 +45,9 @@ def test_replica_flags():
 def test_the_plain_server_does_not_import_ray(tiny_model_dir):
     code = ("import sys; from specdecode.cli.main import build_parser; from specdecode.cli.serve import replica_flags, "
             "serve_config; from specdecode.server.service import build_service; from specdecode.server.app import "
-            f"create_app; args = build_parser().parse_args(['serve', '--model', {tiny_model_dir!r}, '--kv-cache-memory', "
-            "'1MiB']); assert replica_flags(args) is None; create_app(build_service(serve_config(args))); "
-            "assert 'ray' not in sys.modules, 'ray imported'")
+            f"create_app; args = build_parser().parse_args(['serve', '--model', {tiny_model_dir!r}, "
+            "'--kv-cache-memory', '1MiB']); assert replica_flags(args) is None; "
+            "create_app(build_service(serve_config(args))); assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

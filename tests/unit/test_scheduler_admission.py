@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import Job, QueueFull, Scheduler, SchedulerConfig, Ticket

@@ -101,7 +101,7 @@ def test_evidence_decays_back_to_the_prior():
     for _ in range(10):
         stats.observe(allowed_k=4, depth=4, accepted=0, memory=policy.memory)
     assert policy.choose_k(1, [stats.estimate(policy, 4)]) == 0
-    for steps in range(1, 200):
+    for steps in range(1, 200):  # noqa: B007 - the step it stopped at is checked after the loop
         stats.observe(allowed_k=0, depth=0, accepted=0, memory=policy.memory)
         if policy.choose_k(1, [stats.estimate(policy, 4)]) > 0:
             break

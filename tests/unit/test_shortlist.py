@@ -1,4 +1,4 @@
-"""The draft head's shortlist (drafters/shortlist.py): the first ids scored by the head itself, seen ids by
+"""The draft head's shortlist (drafters/common/shortlist.py): the first ids scored by the head itself, seen ids by
 their own rows, everything else -inf; the seen set capped, oldest out."""
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 text at stop strings in one place, and keeps a row's commit failure to that row."""
 import pytest
 
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from tests.fakes import Oracle
 
 PROMPT = "abcabcabd abcabc"

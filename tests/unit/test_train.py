@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from specdecode.cli.main import main
-from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import DrafterConfig, build_drafter
+from specdecode.drafters import build_drafter
 from specdecode.drafters.common.head_io import load_head
 from specdecode.train.corpus import TextSource
 from specdecode.train.data import DataConfig, build_dataset

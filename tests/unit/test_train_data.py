@@ -28,7 +28,8 @@ class _Model(torch.nn.Module):
 
 class _Tokenizer:
     def apply_chat_template(self, conversation, add_generation_prompt, tokenize):
-        return {(("user", "a"),): [5, 6, 7], (("user", "b"),): [8, 9]}[tuple((m["role"], m["content"]) for m in conversation)]
+        key = tuple((m["role"], m["content"]) for m in conversation)
+        return {(("user", "a"),): [5, 6, 7], (("user", "b"),): [8, 9]}[key]
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(map(str, ids))

@@ -1,12 +1,13 @@
 """A packed Llama-family model's decoder layers run by layers.c, one native call per layer.
 
 Why not the model's own forward: on a one-token pass, transformers' eager decoder layer is ~50 small torch
-operations plus seven linear layers that each quantize their input; for a packed model that dispatch costs
-more than reading the weights (SmolLM2 135M int4: ~40 ms a pass, ~6 ms of it packed weights; Qwen2.5 1.5B:
-~28 of ~88 ms). The embedding and head stay the model's own modules, and the rotary values are its module's
-(`RotaryTable`); the final norm is computed as the layers' norms are; what layers.c
-replaces is exactly a Llama / Qwen2 decoder layer (RMSNorm, q/k/v with optional bias, rotate-half RoPE,
-grouped-query attention, o, RMSNorm, SiLU-gated MLP), read from the model's modules, never copied.
+operations plus seven linear layers that each quantize their input; for a packed model that dispatch costs more
+than reading the weights (SmolLM2 135M int4: most of a pass, several times what its packed weights take; Qwen2.5
+1.5B: about a third of a pass; docs/design-notes.md, "Native decoder layers"). The embedding and head stay the
+model's own modules, and the rotary values are its module's (`RotaryTable`); the final norm is computed as the
+layers' norms are; what layers.c replaces is exactly a Llama / Qwen2 decoder layer (RMSNorm, q/k/v with optional
+bias, rotate-half RoPE, grouped-query attention, o, RMSNorm, SiLU-gated MLP), read from the model's modules, never
+copied.
 
 A row's arithmetic does not depend on the rest of its pass (layers.c), so the packed model decodes to the same
 tokens whether a token is verified alone or in a tree; transformers' forward on the same modules is the same
@@ -77,10 +78,10 @@ SCRATCH_ROWS = 64  # passes of up to this many rows share one set of work buffer
 
 class RotaryTable:
     """cos and sin of the model's rotary embedding per position, computed once by the model's own module and
-    looked up per pass (calling the module is ~0.15 ms of small operations a pass). Each position's values are
-    an elementwise function of that position alone, so the table holds exactly what the module returns for it;
-    that is checked whenever the table grows, and a module whose values are not (a rope rescaled by the sequence
-    length) is called every pass instead."""
+    looked up per pass (calling the module is a string of small operations every pass: docs/design-notes.md,
+    "Native decoder layers"). Each position's values are an elementwise function of that position alone, so the
+    table holds exactly what the module returns for it; that is checked whenever the table grows, and a module
+    whose values are not (a rope rescaled by the sequence length) is called every pass instead."""
 
     STATIC = ("default", "linear", "llama3")  # rope types whose frequencies do not depend on the sequence
 
@@ -192,7 +193,7 @@ class PackedDecoder:
         self._lib.decoder_layers(self._layer_table, len(layers), x.data_ptr(), rows_total, b, starts.data_ptr(),
                                  cos.data_ptr(), sin.data_ptr(), pointers.data_ptr(), slot_list.data_ptr(),
                                  visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
-        states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' ~0.3 ms a pass)
+        states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' is slow after the kernels)
         self._lib.rms_norm_rows(x.data_ptr(), self._norm_weight.data_ptr(), self._norm_eps, rows_total, self.hidden,
                                 states.data_ptr())
         if keep_last:  # each row's last real position

@@ -8,13 +8,13 @@ from, so rejection sampling stays exact). On the CPU a draft pass is bound by re
 weights are a quarter of fp32's bytes.
 
 Weight-only int8 (per output channel), activations in bf16: `torch._weight_int8pack_mm`, the CPU kernel
-torchao and gpt-fast use for int8 weights. Measured on SmolLM2-135M (2 threads, 2026-11-23): a one-token pass
-of transformers' forward 56.7 ms fp32 (29 ms with the few-row kernel, skinny.py) -> 18.1 ms; all 211 linears at 1 / 2 /
-8 rows 20.0 / 18.6 / 43.6 ms (our fp32 kernel) -> 10.4 / 13.2 / 27.6 ms. Greedy agreement with the fp32 model,
-teacher-forced over 288 answer tokens of three chat prompts: 0.963 (a bf16 copy of the model: 0.972). We
-first used PyTorch's dynamic quantization (`torch.ao`, int8 activations with one scale per call): as fast
-(17.5 ms) but agreement 0.42 (0.72 with the MLP down projections left in fp32: their inputs have outliers
-that one activation scale cannot hold), which would throw away most of a good draft's acceptance.
+torchao and gpt-fast use for int8 weights. On SmolLM2-135M it made a one-token pass about three times faster
+than transformers' fp32 forward, and still well ahead of fp32 with the few-row kernel (skinny.py); its greedy
+choices, teacher-forced over answer tokens, agreed with the fp32 model's nearly as often as a bf16 copy's did.
+We first used PyTorch's dynamic quantization (`torch.ao`, int8 activations with one scale per call): as fast,
+but agreeing less than half as often (the MLP down projections' inputs have outliers that one activation scale
+cannot hold), which would throw away most of a good draft's acceptance (docs/design-notes.md, "Weights and
+dtypes": "Draft models ran in int8 on the CPU").
 
 Where the kernel is missing (it is a private op of torch) the draft keeps full precision: `available()`."""
 from __future__ import annotations

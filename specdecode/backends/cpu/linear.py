@@ -54,7 +54,7 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class PackedLinear(nn.Module):
     """nn.Linear with q4 or q8 weights packed for kernels.c; float32 in and out."""
 
-    threaded = True  # forward takes a thread count (quant/decoder.py passes CpuShare's)
+    threaded = True  # forward takes a thread count (decoder.py passes CpuShare's)
 
     def __init__(self, linear: nn.Linear, fmt: str):
         super().__init__()
@@ -82,7 +82,7 @@ class PackedLinear(nn.Module):
     @classmethod
     def from_packed(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
                     bias: torch.Tensor | None) -> PackedLinear:
-        """A layer from tensors a PackedLinear held (quant/packed_cache.py), without float weights."""
+        """A layer from tensors a PackedLinear held (loading/packed_cache.py), without float weights."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         groups, blocks = codes.shape[:2]

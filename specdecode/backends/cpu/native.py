@@ -1,11 +1,13 @@
-"""The native kernels of the quantized linear layers (kernels.c) and decoder layers (layers.c), compiled on first use and loaded with ctypes.
+"""The native kernels of the quantized linear layers (kernels.c) and decoder layers (layers.c), compiled on first
+use and loaded with ctypes.
 
 Why a kernel of our own: on the AVX2 CPUs we decode on, torch's weight-only kernels (`_weight_int8pack_mm`,
 `_weight_int4pack_mm_for_cpu`) dequantise weights to bf16 and multiply in emulated bf16, which is compute-bound
-at ~4.5-5 GB/s per thread: a 1.5B pass took ~290 ms where llama.cpp reads the same file's weights in ~32 ms.
-kernels.c multiplies int8 activations by 4- or 8-bit weights with integer instructions, as llama.cpp does, at
-~25 GB/s on 2 threads (docs/design-notes.md, "Quantized weights"). torchao's CPU kernels for int4 are the same
-torch ops on x86 (its dynamic-activation kernels target ARM).
+far below the memory bandwidth: a 1.5B pass took about nine times as long as llama.cpp takes to read the same
+file's weights. kernels.c multiplies int8 activations by 4- or 8-bit weights with integer instructions, as
+llama.cpp does, and reads the weights at close to the memory bandwidth (docs/design-notes.md, "Quantized
+weights"). torchao's CPU kernels for int4 are the same torch ops on x86 (its dynamic-activation kernels target
+ARM).
 
 On CPUs with VNNI or AMX the same sources build with their integer dot-product instructions (VARIANTS); the
 outputs are the AVX2 build's, bit for bit (kernels.c).
@@ -130,7 +132,8 @@ def _build(extra: tuple[str, ...] = ()) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
         built = Path(work) / target.name
-        result = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True,
+                                text=True)
         if result.returncode != 0:
             first = (result.stderr.strip().splitlines() or ["no output"])[0]
             raise KernelUnavailable(f"compiling the quantized kernel failed: {first}")

@@ -5,9 +5,10 @@ Why: libgomp gives every thread that opens a parallel region its own team of wor
 thread exits. Once the teams hold more threads than there are cores, libgomp stops letting idle workers spin
 (its throttled spin count) and each parallel region wakes them from a futex, and a pass runs ~200 regions.
 The server decodes on its scheduler thread, not on the thread that loaded the model, and so paid this on every
-pass. Measured 2026-11-24 on the 2-core VM: one q4 8960x1536 product took 206 us on the process's only team
-and 413 us on a second thread once the main thread had a team; SmolLM2 int4 decoded at 157 tokens/s on the
-thread that loaded it and at 44 on another thread. A thread that has ended has freed its team."""
+pass: on a second thread, once the main thread had a team, a q4 product took twice as long as on the process's
+only team, and SmolLM2 int4 decoded more than three times slower than on the thread that loaded it
+(docs/design-notes.md, "Quantized weights": "Decode on the only OpenMP team"). A thread that has ended has
+freed its team."""
 from __future__ import annotations
 
 import threading

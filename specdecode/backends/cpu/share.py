@@ -2,12 +2,12 @@
 
 Every OpenMP region of a pass ends in a barrier. When another process takes one of the cores, the thread it
 preempts holds the region, and so the whole pass, until the scheduler runs it again (milliseconds each time):
-with a test run busy on the 2-core VM, SmolLM2 int4 decoded at ~40 tokens/s on 2 threads and ~104 on one
-(2026-11-24). So before a pass the decoder asks `CpuShare.threads()`: every `every_s` seconds it reads how
-busy the CPUs were (/proc/stat) and how much of that was this process (`time.process_time`), and leaves the
-cores the other processes used. Without /proc/stat (not Linux) it always answers the thread budget. The
-kernels' results do not depend on the thread count (each output is summed by one thread in a fixed order), so
-this changes speed only, never tokens."""
+with a test run busy on a 2-core machine, SmolLM2 int4 decoded more than twice as fast on one thread as on two
+(docs/design-notes.md, "Sharing the CPU"). So before a pass the decoder asks `CpuShare.threads()`: every
+`every_s` seconds it reads how busy the CPUs were (/proc/stat) and how much of that was this process
+(`time.process_time`), and leaves the cores the other processes used. Without /proc/stat (not Linux) it always
+answers the thread budget. The kernels' results do not depend on the thread count (each output is summed by one
+thread in a fixed order), so this changes speed only, never tokens."""
 from __future__ import annotations
 
 import os

@@ -2,19 +2,19 @@
 
 Decoding multiplies a handful of rows (1 token, or the 2..64 nodes of a draft) by every weight matrix. How
 torch's BLAS (MKL) runs `F.linear(x, W)` for so few rows depends on the CPU: on the AMD EPYC cores of our
-development machines its one-row (GEMV) and few-row paths read the weights at ~12 GB/s, while the same product
-computed as (W @ X^T)^T with X^T of at least two columns runs about twice as fast. Measured over all 211
-linear layers of SmolLM2-135M (fp32, 2 threads, weights not in cache), ms per sweep, `F.linear` vs this:
-1 row 44.2 vs 19.4 (one row is padded to two); 2 rows 75.4 vs 18.3; 8: 57.9 vs 41.9; 16: 69.8 vs 56.4;
-64: 176 vs 131; 128: 302 vs 223. A whole one-token forward: 54 -> 29 ms; 8 tokens: 77 -> 65 ms.
-The operand must be row-major: our output is (W @ X^T)^T, a column-major view, and elementwise ops (SiLU x
-up, residual adds) hand that layout to the next layer, where X^T would then be row-major, which MKL multiplies
-~4x slower at 2-8 rows (all linears at 2 rows: 19.5 vs 82 ms). Copying X (a few rows) fixed it: a pass of 2
-tokens went from ~1.5x to ~1.1x a one-token pass, 4 tokens from ~1.6x to ~1.35x (2026-11-23).
+development machines its one-row (GEMV) and few-row paths read the weights at about half the memory bandwidth,
+while the same product computed as (W @ X^T)^T with X^T of at least two columns (one row is padded to two) runs
+two to four times as fast at one or two rows and about a third faster from 8 to 128 rows; a whole one-token
+forward of SmolLM2-135M in fp32 takes about half the time. The operand must be row-major: our output is
+(W @ X^T)^T, a column-major view, and elementwise ops (SiLU x up, residual adds) hand that layout to the next
+layer, where X^T would then be row-major, which MKL multiplies about four times slower at 2-8 rows. Copying X
+(a few rows) fixed it: a pass of 2 tokens costs about 1.1 one-token passes instead of 1.5 (docs/design-notes.md,
+"The few-row kernel").
 
 Because this is a property of the machine's BLAS, not of the model, `helps()` measures both on the model's
-own weights at load and the Target uses the faster one, from one row or from two. The products are the same up to float rounding
-(summation order), like any change of kernel: greedy equivalence is tested with the kernel forced on.
+own weights at load and the Target uses the faster one, from one row or from two. The products are the same up
+to float rounding (summation order), like any change of kernel: greedy equivalence is tested with the kernel
+forced on.
 
 The swap is scoped (`SkinnyLinears` context): outside our own forward passes the model is untouched, so
 transformers' `generate` in the benchmark runs with stock kernels on the very same model object.
@@ -34,10 +34,10 @@ SAMPLE_BYTES = 256 << 20  # the load-time check times this much of the weights, 
 
 def padded_rows(rows: int) -> int:
     """The row count to multiply `rows` rows as: MKL's kernels for X^T work in blocks of columns, and a count
-    that leaves a block part-full costs more than filling it with zero rows. Measured over all linears of
-    SmolLM2 (fp32, 2 threads, ms per sweep): 1 row (GEMV) 44 vs 2 rows 17; 3: 25 vs 4: 23; 7: 47 vs 8: 41.5;
-    10..15: 65-107 vs 16: 55; 17..23: 74-111 vs 24: 74; 25..31: 92-131 vs 32: 77. Hence 1 -> 2, 3 -> 4,
-    7 -> 8, and beyond 8 the next multiple of 8 (5 and 6 are cheaper than 8 and stay)."""
+    that leaves a block part-full costs more than filling it with zero rows: over all linears of SmolLM2 in
+    fp32, one row (GEMV) costs more than two, 3 rows more than 4, 7 more than 8, and 10-15 rows up to twice
+    what 16 do (docs/design-notes.md, "The few-row kernel"). Hence 1 -> 2, 3 -> 4, 7 -> 8, and beyond 8 the
+    next multiple of 8 (5 and 6 are cheaper than 8 and stay)."""
     if rows > 8:
         return -(-rows // 8) * 8
     return {1: 2, 3: 4, 7: 8}.get(rows, rows)
@@ -130,14 +130,14 @@ def helps(model: nn.Module) -> int | None:
     only), or None: it does not. Times one sweep over all linear weights at 1 and 8 rows each way, interleaved,
     fastest of 3 rounds after 2 of warm-up (over at most SAMPLE_BYTES of weights: ~1 s).
       1: skinny wins at one row (every plain step and every paused step) by >= 10% and does not lose at 8 rows
-         (a verify pass) by more than 25%. The 8-row sweeps of both kernels are close and noisy on the dev VM
-         with SmolLM2 (measured 2026-11-23, 12 rounds in one process: 59-79 ms each, either ahead by up to 15%),
-         while one row is 1.5-2x apart; the former test on the sum of both with a 10% margin let that noise
-         refuse the kernel in one fresh process of three we tried (a one-token pass then costs ~1.5x).
-      2: one row is a draw but skinny wins at 8 rows by >= 25%. The Qwen 1.5B in fp32 on the AMD EPYC VM
-         (2026-11-27): one row 21.7 vs 22.6 ms (either kernel ahead from one process to the next), 8 rows 82.6
-         vs 34.8 ms. Deciding on one row alone left a 2-token pass at 2.1x a one-token pass in some processes,
-         and the draft model then never drafted (its budget prices that row)."""
+         (a verify pass) by more than 25%. The 8-row sweeps of both kernels are close and noisy with SmolLM2
+         (either ahead by up to 15% from one round to the next), while one row is 1.5-2x apart; the former test
+         on the sum of both with a 10% margin let that noise refuse the kernel in some fresh processes (a
+         one-token pass then costs ~1.5x).
+      2: one row is a draw but skinny wins at 8 rows by >= 25%: weights too large for one row to gain (the
+         Qwen 1.5B in fp32, where skinny is more than twice as fast at 8 rows). Deciding on one row alone left
+         a 2-token pass at twice a one-token pass in some processes, and the draft model then never drafted
+         (its budget prices that row). Figures: docs/design-notes.md, "The few-row kernel"."""
     weights = [m.weight for m in _linears(model)]
     if not weights or weights[0].device.type != "cpu":
         return None

@@ -1,6 +1,6 @@
 """The fast path (gpt-fast style): a static cache read whole, fixed-shape steps (block sizes padded to a few
 buckets) and `torch.compile` (inductor) of the model's own forward, each step shape then recorded in our
-own CUDA graph on CUDA (cuda_graphs.py). Prefill stays eager (its length varies)."""
+own CUDA graph on CUDA (graphs.py). Prefill stays eager (its length varies)."""
 from __future__ import annotations
 
 import torch

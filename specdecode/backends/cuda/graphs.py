@@ -1,10 +1,11 @@
 """Our own CUDA graphs for fast-path steps: captured once per step shape, replayed with a few input copies.
 
 torch.compile's mode="reduce-overhead" (CUDA graph trees) runs dynamo's guards and the trees' own checks in
-Python on every call: measured on an H100, 2.8 ms of host time per step of the 135M default model against
-1.45 ms of GPU work, so decoding was bound by the host. Capturing the compiled (inductor, no graphs) step with
-torch.cuda.graph and replaying it directly took 1.74 ms per token including the input copies and the read-back
-of the argmax (same machine, same run). This is what serving engines do (vLLM, SGLang, gpt-fast).
+Python on every call: on an H100 that host time was about twice the GPU work of a step of the 135M default
+model, so decoding was bound by the host. Capturing the compiled (inductor, no graphs) step with
+torch.cuda.graph and replaying it directly took little more than the GPU work per token, the input copies and
+the read-back of the argmax included (docs/gpu.md, "What limits it"). This is what serving engines do (vLLM,
+SGLang, gpt-fast).
 
 A graph records the addresses of the KV-cache buffers it writes, so graphs belong to one cache: they live in
 `RollbackCache.graphs` and are dropped when the cache reallocates."""

@@ -4,6 +4,7 @@ specdecode/heads/<model>/<kind>/ and are found by matching the target's fingerpr
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -14,7 +15,7 @@ from specdecode.drafters.common.nets import EagleNet, EagleNetConfig, MedusaHead
 from specdecode.errors import ConfigError, OptionError
 
 FORMAT = 1
-SHIPPED_ROOT = Path(__file__).resolve().parent.parent / "heads"
+SHIPPED_ROOT = Path(str(resources.files("specdecode"))) / "heads"  # heads shipped in the package
 _NETS = {"eagle": (EagleNet, EagleNetConfig), "medusa": (MedusaHeads, MedusaNetConfig)}
 
 

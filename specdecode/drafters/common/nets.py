@@ -18,8 +18,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 # Draft vocabulary per device (a prefix of the head's, most frequent first; None = all of it). On the CPU the
-# draft LM head is read once per depth and dominates drafting time: 8192 tokens in bf16 cost ~5 ms a read
-# instead of ~26 ms for 16384 in fp32, and still cover ~98% of answer tokens.
+# draft LM head is read once per depth and dominates drafting time: 8192 tokens in bf16 are read about five times
+# faster than 16384 in fp32 and still cover ~98% of answer tokens (docs/design-notes.md, "Measured defaults").
 DRAFT_VOCAB = {"cpu": 8192, "cuda": None}
 
 

@@ -1,14 +1,14 @@
 """How deep a deterministic drafter should draft when every row of the verify pass costs time.
 
-On a GPU a verify pass of up to 64 tokens costs about as much as one, so a drafter proposes all it has. On a
-CPU each row costs (for SmolLM2 in fp32 with cpu_gemm's kernel, a pass of w tokens costs ~1 + 0.13 (w - 1)
-one-token passes; Target.row_cost measures it per model). Drafting a token pays only if its chance of being
-accepted beats what its row costs, and that chance differs by kind of proposal: after a three-token n-gram
-match prompt lookup's first token is accepted far more often than after a one-token match (the drafters'
-prior rates, from `specdecode bench` answers; figures in docs/design-notes.md, "Measured defaults"). So
-drafters that propose from tables (prompt lookup, lookahead's pool) keep, per sequence and per kind of
-proposal, how often the j-th token was accepted once the (j-1)-th was, and draft the depth that maximises
-tokens per unit of pass cost:
+On a GPU a verify pass of up to 64 tokens costs about as much as one, so a drafter proposes all it has. On a CPU
+each row costs (for SmolLM2 in fp32 with the few-row kernel of backends/cpu/skinny.py, a pass of w tokens costs
+~1 + 0.13 (w - 1) one-token passes; Target.row_cost measures it per model). Drafting a token pays only if its chance
+of being accepted beats what its row costs, and that chance differs by kind of proposal: after a three-token
+n-gram match prompt lookup's first token is accepted far more often than after a one-token match (the drafters'
+prior rates, from `specdecode bench` answers; figures in docs/design-notes.md, "Measured defaults"). So drafters
+that propose from tables (prompt lookup, lookahead's pool) keep, per sequence and per kind of proposal, how often
+the j-th token was accepted once the (j-1)-th was, and draft the depth that maximises tokens per unit of pass
+cost:
     (1 + P_1 + ... + P_d) / (1 + row_cost * d),  P_j = r_1 * ... * r_j.
 Depth 0 (a plain one-token pass) wins when even the first token is unlikely; such a kind is still probed with
 one token now and then, at doubling intervals, so a change is noticed.
@@ -26,11 +26,11 @@ class RowCost:
     measured cost (Target.row_cost), else 0 (a bare drafter: rows are free).
 
     The target's cost is measured when first read, not when the drafter is built: the first read is a
-    drafter's first step, on the thread that decodes. Timings taken on a loading thread (own_thread.py) while
-    another thread of the process holds an OpenMP team are wrong: idle workers then sleep between parallel
-    regions, which slows a one-token pass more than a wide one. A second SpecDecoder.load after decoding
-    measured SmolLM2's row cost at 0.005-0.014 instead of 0.12-0.15 (2-core VM, 2026-11-25), and its
-    drafters then drafted as if rows were free."""
+    drafter's first step, on the thread that decodes. Timings taken on a loading thread
+    (backends/cpu/own_thread.py) while another thread of the process holds an OpenMP team are wrong: idle workers
+    then sleep between parallel regions, which slows a one-token pass more than a wide one. A second
+    SpecDecoder.load after decoding measured SmolLM2's row cost at a tenth or less of its true value, and its
+    drafters then drafted as if rows were free (docs/architecture.md, "Draft depth by row cost")."""
 
     def __init__(self, target=None, configured: float | None = None):
         self.target, self.configured = target, configured

@@ -2,8 +2,8 @@
 the drafter has seen (prompts and committed tokens, across requests, the oldest forgotten past a cap).
 
 Why: a small draft model's head is a large share of its pass. Qwen2.5-0.5B's 151,936 x 896 head is ~39 % of the
-bytes an int4 pass reads (the head stays int8), ~4-5 ms of a ~15 ms draft step on the 2-core CPU; the
-shortlist's logits cost a fifth of that. FR-Spec (Zhao et al. 2025, arXiv 2502.14856) ranks the draft
+bytes an int4 pass reads (the head stays int8), about a third of a draft step on a 2-core CPU; the shortlist's
+logits cost a fifth of that. FR-Spec (Zhao et al. 2025, arXiv 2502.14856) ranks the draft
 vocabulary by corpus frequency; with no corpus at run time we take the byte-level BPE's id order (a merge
 learned earlier is more frequent in the tokenizer's training text) and add the tokens of the running
 workload, which covers the identifiers a prompt introduces. Measured on 4,599 greedy Qwen2.5-Coder-1.5B tokens
@@ -11,7 +11,8 @@ workload, which covers the identifiers a prompt introduces. Measured on 4,599 gr
 
 Off by default (`--draft-vocab N` turns it on): on the Qwen pair it does not pay. 32,768 ids cut the draft's
 time per step by ~15 %, but a target token outside the list is a sure rejection (``` is id 73,594), and tau
-fell about as much (docs/drafters.md, 2026-11-24). A head that is a larger share of its model would gain more.
+fell about as much (docs/drafters.md, "draft-model"). A head that is a larger share of its model would gain
+more.
 
 Exactness is untouched: the target verifies every token, and a drafted token's q is the shortlist
 distribution it was drawn from (zero outside it), which rejection sampling accepts as any other q."""
@@ -38,7 +39,7 @@ class ShortlistHead(nn.Module):
     """Logits [..., vocab] from `head` over the shortlist, -inf elsewhere (so every caller sees the usual
     shape, and a softmax gives the shortlist distribution). `add(ids)` grows the seen set."""
 
-    threaded = True  # forward takes a thread count, as PackedLinear does (quant/decoder.py)
+    threaded = True  # forward takes a thread count, as PackedLinear does (backends/cpu/decoder.py)
 
     def __init__(self, head: nn.Module, size: int, cap: int = SEEN_CAP):
         super().__init__()
