@@ -6,6 +6,7 @@ import pytest
 from specdecode.config import DrafterConfig, GenerationConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
+from tests.fakes import FIXED_ROW_COST
 
 PROMPTS = [
     "Write a Python function that returns the sum of the squares of a list of numbers.",
@@ -20,7 +21,8 @@ def test_lookahead_greedy_equals_plain(default_target):
     generation = GenerationConfig(max_new_tokens=40)
     plain = Engine(default_target, build_drafter(default_target, DrafterConfig(name="none")))
     spec = SpecConfig(pause_on_time=False)  # acceptance is asserted: K must not depend on the machine's timing
-    lookahead = Engine(default_target, build_drafter(default_target, DrafterConfig(name="lookahead")), spec)
+    drafter = build_drafter(default_target, DrafterConfig("lookahead", row_cost=FIXED_ROW_COST))  # not the machine's
+    lookahead = Engine(default_target, drafter, spec)
     accepted = 0
     for text in PROMPTS:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,

@@ -9,6 +9,7 @@ from specdecode.api import SpecDecoder
 from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter, registry
+from tests.fakes import FIXED_ROW_COST
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +95,8 @@ def test_real_greedy_with_repetition_penalty_equals_transformers(name, default_t
 
 
 def test_prompt_lookup_tau_on_repeat_prompt(default_model):
-    decoder = SpecDecoder.load(drafter="prompt-lookup", spec=SpecConfig(pause_on_time=False))  # tau asserted
+    decoder = SpecDecoder.load(drafter=DrafterConfig("prompt-lookup", row_cost=FIXED_ROW_COST),  # tau asserted
+                               spec=SpecConfig(pause_on_time=False))
     passage = ("The river rose slowly through the night, and by morning the old stone bridge stood alone in "
                "a wide brown lake, its arches half hidden under the moving water.")
     result = decoder.generate(f"Repeat the following passage exactly:\n{passage}", chat=True, max_new_tokens=64)
