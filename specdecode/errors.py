@@ -22,6 +22,12 @@ class OptionError(ConfigError):
         return self.template.format_map({name: spell(name) for name in self.options})
 
 
+class StructureError(ConfigError):
+    """A structure (JSON schema, regex, choice, grammar) this model cannot follow: it breaks a limit of the grammar
+    engine, or needs text the model's tokenizer cannot produce. Found when it is checked (a 400 naming the field),
+    or while generating (that request's 4xx error event; the others go on)."""
+
+
 class ModelError(ValueError):
     """The model could not be found or loaded; the message is one line for the user."""
 

@@ -13,7 +13,13 @@ CHAT_TEMPLATE = (
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer without merges: 256 byte tokens + <pad>, <s>, </s>. Round-trips any text."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    return byte_tokenizer_without()
+
+
+def byte_tokenizer_without(*lacking: int) -> PreTrainedTokenizerFast:
+    """byte_tokenizer less the tokens of the `lacking` byte values (as real vocabularies lack a few)."""
+    symbols = _byte_symbols()
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet()) - {symbols[byte] for byte in lacking}
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
     for char in sorted(alphabet):
         vocab[char] = len(vocab)
@@ -23,6 +29,17 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def _byte_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (ByteLevel's alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    symbols, extra = {byte: chr(byte) for byte in printable}, 0
+    for byte in range(256):
+        if byte not in symbols:
+            symbols[byte], extra = chr(256 + extra), extra + 1
+    return symbols
 
 
 def tiny_llama(vocab_size: int = 259, layers: int = 4, hidden: int = 64, seed: int = 0, std: float = 0.3,

@@ -23,12 +23,15 @@ import torch
 from specdecode.config import Structure
 from specdecode.core.drafting import Draft
 from specdecode.core.trees import children_of
-from specdecode.errors import ConfigError, first_line
+from specdecode.errors import ConfigError, StructureError, first_line
 
 # JSON is laid out as json.dumps writes it ({"a": 1, "b": [2, 3]}): one layout, so separators are forced tokens,
 # and a model cannot loop on whitespace (flexible whitespace lets it emit newlines until max_tokens). A schema's own
 # "x-guidance" options override these.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_NEVER_UTF8 = frozenset({0xC0, 0xC1, *range(0xF5, 0x100)})  # bytes no UTF-8 text holds (0xFF marks llguidance's
+# special tokens)
+CHECK_STEPS = 24  # tokens a structure is walked for when it is checked: the grammar engine's limits show early
 
 
 def grammar_text(structure: Structure) -> str:
@@ -51,33 +54,73 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, eos_ids: list[int]):
         self._hf, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._unproducible: frozenset[int] | None = None
         self._lock = threading.Lock()
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
-            if self._tokenizer is None:
-                if self._hf is None:
-                    raise ConfigError("structured outputs need a model with a tokenizer")
-                try:
-                    self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
-                                                                       eos_token=self.eos_ids or None)
-                except ValueError as error:
-                    raise ConfigError(f"structured outputs do not support this tokenizer: {_why(error)}") \
-                        from None
-            return self._tokenizer
+            return self._tokenizer_unlocked()
+
+    def _tokenizer_unlocked(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            if self._hf is None:
+                raise ConfigError("structured outputs need a model with a tokenizer")
+            try:
+                self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
+                                                                   eos_token=self.eos_ids or None)
+            except ValueError as error:
+                raise ConfigError(f"structured outputs do not support this tokenizer: {_why(error)}") from None
+        return self._tokenizer
 
     def check(self, structure: Structure) -> None:
-        """An invalid schema, regex or grammar is a ConfigError naming the problem (the server's 400)."""
-        matcher = self._matcher(structure)
-        matcher.compute_bitmask()  # the first mask: a grammar too large for the lexer fails here, not in a step
-        if matcher.is_error():
-            raise ConfigError(f"invalid {structure.kind.replace('_', ' ')}: {_why(matcher.get_error())}")
+        """An invalid schema, regex or grammar is a ConfigError naming the problem (the server's 400); one this
+        model cannot follow is a StructureError. The structure is walked for its first CHECK_STEPS tokens (the
+        forced ones, else the lowest allowed id): the grammar engine's limits (a choice of more than 2,000
+        alternatives, a recursion that never ends) and text the tokenizer cannot produce show there, in the
+        request's own checks rather than in a step."""
+        constraint = self.constraint(structure, 0)
+        matcher = constraint.matcher
+        chose = False  # the walk took one of several tokens: what follows is one branch, not the structure
+        for _ in range(CHECK_STEPS):
+            try:
+                mask = constraint.mask()
+            except UnproducibleText:
+                if chose:  # a branch a generation may never take; if it does, that request ends with the error
+                    return
+                raise
+            if matcher.is_stopped():
+                return
+            chose = chose or not _single(mask)
+            forced = matcher.compute_ff_tokens()
+            _raise_if_error(matcher)
+            allowed = allowed_tokens(mask[None], self.vocab_size)[0].nonzero().flatten().tolist()
+            token = forced[0] if forced else next((t for t in allowed if t not in constraint.eos_ids), None)
+            if token is None:
+                return  # only the end: the walk is over
+            if not matcher.consume_token(token):
+                _raise_if_error(matcher)
+                return
 
     def constraint(self, structure: Structure, grammar_draft: int) -> Constraint:
         tokenizer = self.tokenizer
         return Constraint(self._matcher(structure), self.vocab_size, tokenizer.eos_tokens or [tokenizer.eos_token],
-                          grammar_draft)
+                          grammar_draft, self.unproducible)
+
+    @property
+    def unproducible(self) -> frozenset[int]:
+        """Bytes no token of this tokenizer holds: text that needs one cannot be generated. SmolLM2's vocabulary
+        lacks 0xF1 and 0xF2 (the lead bytes of U+40000-U+BFFFF) and a few control characters; llguidance then
+        forces the tokens of what is left of such text (its tokenizer drops those bytes), which the grammar
+        rejects once committed."""
+        with self._lock:
+            if self._unproducible is None:
+                seen: set[int] = set()
+                tokenizer = self._tokenizer_unlocked()
+                for token in range(tokenizer.vocab_size):
+                    seen.update(tokenizer.decode_bytes([token]))
+                self._unproducible = frozenset(range(256)) - seen - _NEVER_UTF8
+            return self._unproducible
 
     def _matcher(self, structure: Structure) -> llguidance.LLMatcher:
         """A matcher at the start of the output; one that cannot start (its grammar does not compile, or it fails
@@ -108,10 +151,12 @@ class Shaped:
 class Constraint:
     """One sequence's grammar state: an llguidance matcher that has consumed the committed output."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: list[int], grammar_draft: int):
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: list[int], grammar_draft: int,
+                 unproducible: frozenset[int] = frozenset()):
         self.matcher, self.vocab_size, self.grammar_draft = matcher, vocab_size, grammar_draft
         self.eos_ids, self.eos_id = frozenset(eos_ids), eos_ids[0]
         self.words = (vocab_size + 31) // 32
+        self.unproducible = unproducible  # bytes no token holds (Grammars.unproducible)
 
     @property
     def done(self) -> bool:
@@ -130,7 +175,7 @@ class Constraint:
         leaves: list[tuple[int, int]] = []  # (kept index or -1 for the root, its consumed depth)
 
         def visit(node: int, index: int, depth: int) -> None:
-            mask = self._mask()
+            mask = self.mask()
             rows.append(mask)
             kept_any = False
             for child in children[node]:
@@ -167,7 +212,7 @@ class Constraint:
                 tokens.append(token)
                 parents.append(parent)
                 parent, added = len(tokens) - 1, added + 1
-                rows.append(self._mask())
+                rows.append(self.mask())
             budget -= added
             self.matcher.rollback(len(path) + added)
         # rows were appended in visiting order: root, then each kept node, then each forced node
@@ -181,16 +226,25 @@ class Constraint:
         mask left as the only choice) commits what plain decoding would have."""
         for i, token in enumerate(tokens):
             if not self.matcher.consume_token(token):
-                raise RuntimeError(f"the grammar rejected a committed token: {_why(self.matcher.get_error())}")
+                _raise_if_error(self.matcher)
+                raise StructureError("the output cannot follow the structure from here")
             if self.matcher.is_stopped():
                 return tokens[: i + 1]
         return tokens
 
-    def _mask(self) -> torch.Tensor:
+    def mask(self) -> torch.Tensor:
         """[words] int32: the tokens the grammar allows next; EOS alone where it allows none (a grammar that
-        cannot go on must still let the sequence end)."""
+        cannot go on must still let the sequence end). A StructureError where the grammar engine broke a limit,
+        or where the only text allowed needs a byte no token holds (the engine would force a wrong token)."""
         mask = torch.empty(self.words, dtype=torch.int32)
         self.matcher.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
+        _raise_if_error(self.matcher)
+        if self.unproducible and _single(mask):
+            forced = self.matcher.compute_ff_bytes()
+            lacking = sorted({byte for byte in forced if byte in self.unproducible})
+            if lacking:
+                raise UnproducibleText(f"the structure needs {_describe(forced, lacking)}, which this model's "
+                                       "tokenizer cannot produce")
         return mask if bool(mask.any()) else self._eos_only()
 
     def _eos_only(self) -> torch.Tensor:
@@ -254,3 +308,47 @@ def _path(parents: list[int], node: int) -> list[int]:
 def _why(error: object) -> str:
     """The grammar engine's error as one line."""
     return first_line(error, "unknown error")
+
+
+# the grammar engine's limits (llguidance's ParserLimits), as its errors name them -> what they mean for a request
+_LIMITS = (("max is 2000", "more than 2,000 alternatives at one point (properties, enum values or choices)"),
+           ("Too many items", "more than 50,000 parser items in one step (a recursion that never ends, or a huge "
+                              "alternation)"),
+           ("fuel", "a regular expression too complex for the lexer"),
+           ("lexer states", "more lexer states than the engine allows"))
+
+
+class UnproducibleText(StructureError):
+    """The grammar's only continuation needs a byte no token of the tokenizer holds."""
+
+
+def _raise_if_error(matcher: llguidance.LLMatcher) -> None:
+    """The matcher's error as a StructureError naming the limit it broke."""
+    if not matcher.is_error():
+        return
+    reason = _why(matcher.get_error())
+    limit = next((meaning for needle, meaning in _LIMITS if needle in reason), None)
+    if limit is not None:
+        raise StructureError(f"the structure is too large for the grammar engine: {limit} ({reason})")
+    raise StructureError(f"the grammar engine cannot follow the structure: {reason}")
+
+
+def _single(mask: torch.Tensor) -> bool:
+    """Whether exactly one token is allowed (a forced continuation)."""
+    nonzero = mask.nonzero()
+    if nonzero.numel() != 1:
+        return False
+    word = int(mask[int(nonzero[0])]) & 0xFFFFFFFF  # bit 31 reads as a negative int32
+    return word & (word - 1) == 0
+
+
+def _describe(forced: bytes, lacking: list[int]) -> str:
+    """The first character of the forced text that needs a lacking byte: 'U+8DE9B (bytes f2 8d ba 9b)'."""
+    text = forced.decode("utf-8", errors="replace")
+    for char in text:
+        encoded = char.encode("utf-8", errors="surrogatepass")
+        if any(byte in lacking for byte in encoded):
+            if char == "\ufffd":
+                break
+            return f"U+{ord(char):04X} (bytes {encoded.hex(' ')})"
+    return "the bytes " + " ".join(f"{byte:02x}" for byte in lacking)

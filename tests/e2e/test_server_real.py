@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from specdecode.config import DrafterConfig
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, Structure
+from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
 from specdecode.server.app import ServerConfig, build_service
 from specdecode.server.policy import SpecPolicy, builtin_table
@@ -42,3 +43,30 @@ def test_default_model_concurrent_chat(default_target):
             answers = list(pool.map(ask, range(2)))
     assert [text for text, _ in answers] == expected
     assert all(tau >= 1.0 for _, tau in answers)
+
+
+@pytest.mark.slow
+def test_default_model_refuses_text_its_tokenizer_cannot_produce(default_target):
+    """SmolLM2's vocabulary holds no token with the bytes 0xF1 or 0xF2: U+40000-U+BFFFF cannot be generated. The
+    choice of one is a 400 naming it (it was a 500: the grammar engine forced wrong tokens); an emoji (0xF0) and
+    text in the basic plane are generated as plain constrained decoding generates them."""
+    drafters = {"prompt-lookup": build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC)}
+    service = build_service(default_target, drafters, "prompt-lookup", ServerConfig("smollm2"), SPEC)
+    with serving(service) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="smollm2", prompt="Hi", max_tokens=8, temperature=0,
+                                      extra_body={"structured_outputs": {"choice": ["\U0008de9b"]}})
+        assert "U+8DE9B" in refused.value.body["message"]
+        for choice in (["\U0001f600", "caf\u00e9"], ["\u4e2d\u6587", "e\u0301"]):
+            reply = client.completions.create(model="smollm2", prompt="Hi", max_tokens=8, temperature=0,
+                                              extra_body={"structured_outputs": {"choice": choice}})
+            ids = default_target.tokenizer("Hi")["input_ids"]
+            expected = reference_structured(default_target, ids, 8, Structure.choice(choice))
+            assert reply.choices[0].text == expected
+
+
+def reference_structured(target, prompt_ids: list[int], max_new_tokens: int, structure: Structure) -> str:
+    """Plain constrained greedy decoding of one request (no speculation)."""
+    engine = Engine(target, build_drafter(target, DrafterConfig(name="none"), SPEC), SPEC)
+    return engine.generate(prompt_ids, SamplingConfig(), GenerationConfig(max_new_tokens, structure=structure)).text

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig, Structure
 from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from tests.e2e.server_util import MODEL, PROMPTS, SPEC, chat_ids, serving, tiny_service
+from tests.tiny import byte_tokenizer_without, tiny_llama
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -153,3 +156,64 @@ def test_bad_structures_are_400s_naming_the_field(client, extra, param):
 def test_server_still_serves_after_bad_requests(client):
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4)
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+# -- the whole of Unicode ----------------------------------------------------------------------------------------------
+UNICODE = {  # the tiny byte tokenizer holds every byte: all of these can be generated
+    "bmp": Structure.choice(["caf\u00e9", "\u4e2d\u6587", "\u00bd"]),
+    "astral": Structure.choice(["\U0008de9b", "\U00041234\U0001f600"]),  # U+40000-U+BFFFF: a 500 once
+    "astral class": Structure.regex("[\U00040000-\U000bffff]{2}"),
+    "combining marks": Structure.choice(["e\u0301t\u00e9", "n\u0303o\u0308"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNICODE))
+def test_unicode_structures_equal_plain_constrained_decoding(server, tiny_target, tiny_tokenizer, kind):
+    structure = UNICODE[kind]
+    field = {"choice": json.loads(structure.text)} if structure.kind == "choice" else {"regex": structure.text}
+    body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 24, "temperature": 0, "structured_outputs": field}
+    reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    reference = plain(tiny_target, tiny_tokenizer(PROMPTS[2])["input_ids"], 24, structure)
+    assert reply.json()["choices"][0]["text"] == reference.text
+
+
+def test_surrogate_escapes_in_the_json_body(server, tiny_target, tiny_tokenizer):
+    """A surrogate pair written as JSON escapes is the astral character it spells; a lone surrogate is a 400."""
+    body = json.dumps({"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0,
+                       "structured_outputs": {"choice": ["PAIR"]}}).replace("PAIR", "\\ud9f7\\ude9b")
+    reply = httpx.post(server.url + "/v1/completions", content=body.encode(), timeout=60,
+                       headers={"Content-Type": "application/json"})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == "\U0008de9b"
+    lone = body.replace("\\ud9f7\\ude9b", "\\ud800")
+    refused = httpx.post(server.url + "/v1/completions", content=lone.encode(), timeout=60,
+                         headers={"Content-Type": "application/json"})
+    assert refused.status_code == 400, refused.text
+
+
+@pytest.fixture(scope="module")
+def lacking_server():
+    """A tiny model whose tokenizer holds no token with the bytes 0xF1 and 0xF2 (as SmolLM2's)."""
+    target = Target(tiny_llama(), byte_tokenizer_without(0xF1, 0xF2))
+    with serving(tiny_service(target)) as running:
+        yield running
+
+
+def test_text_the_tokenizer_cannot_produce_is_a_400_not_a_500(lacking_server):
+    """Needed from the start: refused when checked, naming the character. Needed after a choice the model made:
+    that request ends with a 400 (an error event when streamed) and the server goes on."""
+    url = lacking_server.url + "/v1/completions"
+    ask = {"model": MODEL, "prompt": "Hi", "max_tokens": 8, "temperature": 0}
+    refused = httpx.post(url, json={**ask, "structured_outputs": {"choice": ["\U0008de9b"]}}, timeout=60)
+    assert refused.status_code == 400 and "U+8DE9B" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["param"] == "structured_outputs.choice"
+    late = {**ask, "structured_outputs": {"choice": ["ab\U0008de9b", "ac\U00041234"]}}
+    failed = httpx.post(url, json=late, timeout=60)
+    assert failed.status_code == 400 and "cannot produce" in failed.json()["error"]["message"], failed.text
+    assert failed.json()["error"]["code"] == "structure_not_followed"
+    streamed = httpx.post(url, json={**late, "stream": True}, timeout=60)
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert events[-1]["error"]["type"] == "invalid_request_error" and "cannot produce" in events[-1]["error"]["message"]
+    assert httpx.post(url, json={**ask, "structured_outputs": {"choice": ["ok"]}}, timeout=60).json()[
+        "choices"][0]["text"] == "ok"

@@ -37,7 +37,7 @@ def reference(target, grammars: Grammars, ids: list[int], structure: Structure) 
     with torch.no_grad():
         for _ in range(NEW_TOKENS):
             logits = target.model(torch.tensor([tokens])).logits[0, -1].float()
-            allowed = allowed_tokens(constraint._mask().unsqueeze(0), logits.shape[-1])[0]
+            allowed = allowed_tokens(constraint.mask().unsqueeze(0), logits.shape[-1])[0]
             logits = logits.masked_fill(~allowed, float("-inf"))
             token = int(logits.argmax())
             logprobs.append(float(torch.log_softmax(logits, -1)[token]))

@@ -47,7 +47,7 @@ def exact_pairs(target: Target) -> dict[tuple[int, int], float]:
     def masked(tokens: list[int]) -> torch.Tensor:
         with torch.no_grad():
             logits = target.model(torch.tensor([PROMPT + tokens])).logits[0, -1].float()
-        allowed = structured.allowed_tokens(constraint._mask().unsqueeze(0), VOCAB)[0]
+        allowed = structured.allowed_tokens(constraint.mask().unsqueeze(0), VOCAB)[0]
         return probabilities(logits.masked_fill(~allowed, float("-inf")), SAMPLING)
 
     first = masked([])

@@ -9,8 +9,8 @@ import torch
 from specdecode.config import GenerationConfig, Structure
 from specdecode.core.drafting import Draft
 from specdecode.core.structured import Grammars, allowed_tokens, mask_logits
-from specdecode.errors import ConfigError
-from tests.tiny import byte_tokenizer
+from specdecode.errors import ConfigError, StructureError
+from tests.tiny import byte_tokenizer, byte_tokenizer_without
 
 VOCAB = 259
 
@@ -33,7 +33,7 @@ def allowed_after(grammars: Grammars, structure: Structure, tokens: list[int]) -
     """[vocab] bool: what a fresh matcher allows after `tokens` (the reference for a node's mask)."""
     fresh = grammars.constraint(structure, 0)
     fresh.commit(tokens)
-    return allowed_tokens(fresh._mask().unsqueeze(0), VOCAB)[0]
+    return allowed_tokens(fresh.mask().unsqueeze(0), VOCAB)[0]
 
 
 def test_tree_is_cut_to_the_grammar_and_each_node_has_its_paths_mask(grammars, tokenizer):
@@ -123,7 +123,7 @@ def test_committed_tokens_advance_and_done(grammars, tokenizer):
     assert not open_ended.done
     open_ended.commit([tokenizer.eos_token_id])
     assert open_ended.done
-    with pytest.raises(RuntimeError, match="rejected"):
+    with pytest.raises(StructureError, match="cannot follow"):  # a 4xx for its request, not a 500
         grammars.constraint(structure, 0).commit(ids(tokenizer, "x"))
 
 
@@ -159,3 +159,38 @@ def test_json_layout_is_the_one_json_dumps_writes(grammars, tokenizer):
     constraint = grammars.constraint(structure, 0)
     constraint.commit(ids(tokenizer, json.dumps({"a": 1, "b": 2})))
     assert constraint.matcher.is_accepting()
+
+
+# -- what a model cannot follow: the grammar engine's limits, bytes no token holds ----------------------------------
+@pytest.mark.parametrize("structure, limit", [
+    (Structure.json_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(500)}}),
+     "more than 2,000 alternatives"),
+    (Structure.choice([f"option {i}" for i in range(3000)]), "more than 2,000 alternatives"),
+    (Structure.json_schema({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
+                                               "required": ["next"]}}, "$ref": "#/$defs/node"}),
+     "more than 50,000 parser items"),
+])
+def test_structures_beyond_the_grammar_engines_limits_are_refused_when_checked(grammars, structure, limit):
+    """They compile, and broke a limit only after a few tokens, mid-generation (a 500 then)."""
+    with pytest.raises(StructureError, match=limit):
+        grammars.check(structure)
+
+
+def test_a_structure_needing_a_byte_no_token_holds_is_refused():
+    """SmolLM2's tokenizer holds no token with the bytes 0xF1 or 0xF2 (the lead bytes of U+40000-U+BFFFF), and
+    llguidance forced the tokens of the rest of such a character, which the grammar then refused."""
+    tokenizer = byte_tokenizer_without(0xF1, 0xF2)
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    assert grammars.unproducible == {0xF1, 0xF2}
+    with pytest.raises(StructureError, match=r"U\+8DE9B \(bytes f2 8d ba 9b\).*cannot produce"):
+        grammars.check(Structure.choice(["\U0008de9b"]))
+    grammars.check(Structure.choice(["\U0001f600", "caf\u00e9"]))  # F0 and C3 are held: fine
+    # a branch the model may take or not: checked fine; a generation that takes it ends with the error, alone
+    grammars.check(Structure.choice(["ab\U0008de9b", "ac"]))
+    constraint = grammars.constraint(Structure.choice(["ab\U0008de9b", "ac"]), 0)
+    constraint.commit(ids(tokenizer, "ab"))
+    with pytest.raises(StructureError, match="U\\+8DE9B"):
+        constraint.mask()
+    full = Grammars(byte_tokenizer(), VOCAB, [2])
+    assert not full.unproducible  # every byte: the astral character is generated
+    full.check(Structure.choice(["\U0008de9b"]))
