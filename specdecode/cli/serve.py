@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import ipaddress
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -13,10 +15,11 @@ import uvicorn
 from specdecode.cli.args import add_model_args, drafter_config, model_config, spec_config
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
+from specdecode.server.connections import ConnectionLimits, uvicorn_options
 from specdecode.server.service import AUTO_KV_SHARE, K_POLICIES, ServeConfig, build_service
 
 API_KEY_ENV = "SPECDECODE_API_KEY"
-MAX_HEADER_BYTES = 16 << 10  # h11 buffers at most this much of an unfinished request head, then answers 400
+MAX_HEADER_BYTES = 16 << 10  # the largest request head; a larger one is answered 431 (connections.py)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -31,9 +34,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request omits it")
     parser.add_argument("--kv-cache-memory", type=memory_size, default=None, metavar="BYTES",
                         help="KV cache memory that requests may reserve (prompt + max_tokens each), in bytes or "
-                             "with a unit (2GiB, 512MB); a request that does not fit now is answered 429, one that "
-                             f"never can 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or of the free GPU "
-                             "memory after loading)")
+                             "with a unit (2GiB, 512MB); a request that does not fit now waits in the queue, one "
+                             f"that never can is answered 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or "
+                             "of the free GPU memory after loading)")
     parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
                         help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU, "
                              "int4 or fp32), calibrate (measure this model at startup), fixed (always --k)")
@@ -62,17 +65,36 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
     allowed = tuple(n.strip() for n in args.allow_drafters.split(",") if n.strip())
     config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
-                         args.kv_cache_memory, api_key)
+                         args.kv_cache_memory, api_key, allowed_hosts(args))
     return config.resolved()
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """--allowed-hosts, else on a loopback address the loopback names (a page whose own name resolves to 127.0.0.1
+    is refused: DNS rebinding), else any host (None)."""
+    given = getattr(args, "allowed_hosts", None)
+    if given:
+        names = tuple(name.strip().lower() for name in given.split(",") if name.strip())
+        return None if "*" in names else names
+    host = getattr(args, "host", "127.0.0.1")
+    try:
+        loopback = host in LOOPBACK_NAMES or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return tuple(dict.fromkeys((*LOOPBACK_NAMES, host.lower()))) if loopback else None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     scaling = replica_flags(args)  # checked before the model loads (and before Ray starts)
-    settings = uvicorn_settings(args)
+    connection_limits(args)  # its errors before the model loads
     config = serve_config(args, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
     if scaling is not None:
         return _serve_replicas(args, config, scaling)
-    uvicorn.run(create_app(build_service(config)), **settings)
+    service = build_service(config)
+    uvicorn.run(create_app(service), **uvicorn_settings(args, service.metrics.count_rejected))
     return 0
 
 
@@ -150,17 +172,22 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def uvicorn_settings(args: argparse.Namespace) -> dict:
-    """uvicorn's keyword arguments: a connection cap (more connections are answered 503 by uvicorn), the idle
-    keep-alive timeout, and h11 with its bound on a buffered request head (h11 has it, httptools not: chosen here).
-    uvicorn has no timeout for a request head that arrives slowly: the connection cap bounds what slow clients hold;
-    slow bodies are timed out by the app (ServerConfig.body_timeout_s)."""
-    for name, low in (("--max-connections", 1), ("--timeout-keep-alive", 1)):
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """--max-connections, --max-connections-per-client, --head-timeout (server/connections.py)."""
+    for name, low in (("--max-connections", 1), ("--max-connections-per-client", 1), ("--timeout-keep-alive", 1)):
         if getattr(args, name[2:].replace("-", "_")) < low:
             raise ConfigError(f"{name} must be >= {low}")
-    return dict(host=args.host, port=args.port, log_level=args.log_level, http="h11",
-                limit_concurrency=args.max_connections, timeout_keep_alive=args.timeout_keep_alive,
-                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+    if not 0 < args.head_timeout < float("inf"):
+        raise ConfigError(f"--head-timeout must be a positive number of seconds, got {args.head_timeout}")
+    return ConnectionLimits(args.max_connections, args.max_connections_per_client, args.head_timeout,
+                            MAX_HEADER_BYTES)
+
+
+def uvicorn_settings(args: argparse.Namespace, on_reject: Callable[[int], None] | None = None) -> dict:
+    """uvicorn's keyword arguments: our h11 protocol with its connection limits (connection_limits), the idle
+    keep-alive timeout; slow bodies are timed out by the app (ServerConfig.body_timeout_s)."""
+    return dict(host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=args.timeout_keep_alive,
+                **uvicorn_options(connection_limits(args), on_reject))
 
 
 def _port(text: str) -> int:
@@ -183,8 +210,17 @@ def register(subparsers, name: str) -> None:
     parser.add_argument("--api-key", default=None,
                         help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} if set); "
                              "/health and /metrics stay open")
+    parser.add_argument("--allowed-hosts", default=None, metavar="NAMES",
+                        help="comma list of host names the Host header may carry ('*': any); default: on a "
+                             "loopback --host its loopback names only (no DNS rebinding), else any")
     parser.add_argument("--max-connections", type=int, default=512,
-                        help="open connections (and requests in flight) before uvicorn answers 503")
+                        help="open connections; beyond this a new one closes the oldest idle one (no request in "
+                             "flight), and is answered 503 only when all are working (/health still answered)")
+    parser.add_argument("--max-connections-per-client", type=int, default=64,
+                        help="connections one client address may hold; beyond this its oldest idle one is closed")
+    parser.add_argument("--head-timeout", type=float, default=10.0,
+                        help="seconds a request head (request line and headers) may take to arrive, from the "
+                             "connection's start or the previous response; then the connection is closed")
     parser.add_argument("--timeout-keep-alive", type=int, default=5,
                         help="seconds an idle keep-alive connection stays open")
     scale = parser.add_argument_group("replicas (Ray Serve; docs/scaling.md)")

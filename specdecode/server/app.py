@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
@@ -35,7 +36,7 @@ from specdecode.drafters.none import NoDrafter
 from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
-from specdecode.server.errors import APIError, bad_request, from_validation
+from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.logprobs import chat_logprobs, completion_logprobs
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.policy import SpecPolicy
@@ -68,10 +69,16 @@ class ServerConfig:
     default_max_tokens: int = 256
     max_body_bytes: int = 8 << 20  # a larger request body is a 413 before it is read whole
     body_timeout_s: float = 30.0  # a body that has not arrived whole by then is a 408 (a slow sender holds no task)
-    api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <api_key>` (/health, /metrics stay open)
-    kv_cache_bytes: int | None = None  # KV memory requests may reserve: more is a 429, more than all of it a 413
+    # when set, /v1/* and the API's description (/openapi.json, /docs, /redoc) need `Authorization: Bearer
+    # <api_key>`; /health and /metrics stay open
+    api_key: str | None = None
+    # KV memory requests may reserve: a request that does not fit now waits in the queue, one that never can is a 413
+    kv_cache_bytes: int | None = None
     prefill_chunk: int = 256  # most prompt tokens prefilled per step (scheduler.py: chunked prefill)
     stall_s: float = 30.0  # /health answers 503 when a scheduler round has run longer than this
+    # the Host header names one of these (port aside), else 400: a server on loopback refuses pages that reach it
+    # through DNS rebinding (a name of theirs resolving to 127.0.0.1); None: any host
+    allowed_hosts: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -118,8 +125,11 @@ def create_app(service: Service) -> FastAPI:
         finally:
             service.scheduler.stop()
 
-    app = FastAPI(title="specdecode", lifespan=lifespan)
+    # the API's description is served below, behind the API key when there is one
+    app = FastAPI(title="specdecode", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.service = service
+    if service.config.allowed_hosts is not None:
+        app.add_middleware(_HostCheck, allowed=service.config.allowed_hosts)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
@@ -128,11 +138,14 @@ def create_app(service: Service) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(error.status_code, str(error.detail), kind).body(), status_code=error.status_code)
+        return JSONResponse(APIError(error.status_code, str(error.detail), kind).body(), status_code=error.status_code,
+                            headers=error.headers)  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, error: Exception) -> JSONResponse:
-        message = f"internal error: {type(error).__name__}: {error}"
+        """A bug: logged with its traceback, answered without its text (which may hold internals)."""
+        log.error("internal error answering %s %s", request.method, request.url.path, exc_info=error)
+        message = f"internal error ({type(error).__name__}); the server logged it"
         return JSONResponse(APIError(500, message, "server_error").body(), status_code=500)
 
     @app.get("/health")
@@ -159,8 +172,8 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/v1/models/{model:path}", dependencies=v1)
     async def model(model: str) -> dict:
         if model != service.config.model_name:
-            raise APIError(404, f"model {model!r} does not exist; this server serves {service.config.model_name!r}",
-                           param="model", code="model_not_found")
+            raise APIError(404, f"model {shown(model)} does not exist; this server serves "
+                                f"{service.config.model_name!r}", param="model", code="model_not_found")
         return s.ModelCard(id=model, created=service.created).model_dump()
 
     @app.post("/v1/completions", dependencies=v1, openapi_extra=_json_body(s.CompletionRequest))
@@ -170,6 +183,18 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=v1, openapi_extra=_json_body(s.ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await _counted(service, "chat_completions", _handle(service, request, chat=True))
+
+    @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", dependencies=v1, include_in_schema=False)
+    async def docs() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="specdecode")
+
+    @app.get("/redoc", dependencies=v1, include_in_schema=False)
+    async def redoc() -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title="specdecode")
 
     app.openapi = lambda: _openapi(app, service)  # type: ignore[method-assign]
     return app
@@ -198,11 +223,35 @@ def _json_body(model: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+# the error statuses each route answers (its 200 is FastAPI's), each with this API's error body
+_ERRORS = {"post": {400: "invalid request", 401: "missing or wrong API key", 404: "unknown model",
+                    408: "the body did not arrive in time", 413: "body or prompt too large for the server",
+                    415: "not application/json", 429: "too many requests waiting (Retry-After)",
+                    500: "internal error"},
+           "get": {401: "missing or wrong API key", 404: "unknown model"}}
+
+
 def _openapi(app: FastAPI, service: Service) -> dict:
-    """FastAPI's schema plus the request models (see _request_schemas)."""
+    """FastAPI's schema plus the request models (see _request_schemas) and the error answers of each route: FastAPI
+    lists only a 200, and a 422 for a path parameter that this API answers with a 404."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(_request_schemas(service))
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(_request_schemas(service))
+        schemas.update(models_json_schema([(s.ErrorBody, "serialization")],
+                                          ref_template="#/components/schemas/{model}")[1]["$defs"])
+        error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)
+                statuses = dict(_ERRORS.get(method, {}))
+                if method == "get" and "{" not in path:
+                    statuses.pop(404)
+                if service.config.api_key is None:
+                    statuses.pop(401)
+                for status, what in statuses.items():
+                    responses.setdefault(str(status), {"description": what, **error})
         app.openapi_schema = schema
     return app.openapi_schema
 
@@ -246,10 +295,14 @@ def _prompt_schema(vocab: int) -> dict:
 
 
 async def _counted(service: Service, endpoint: str, work) -> Response:
+    """Count the request's answer by status, whatever it is (an unexpected error becomes a 500)."""
     try:
         response = await work
     except APIError as error:
         service.metrics.requests.labels(endpoint, str(error.status)).inc()
+        raise
+    except Exception:
+        service.metrics.requests.labels(endpoint, "500").inc()
         raise
     service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
     return response
@@ -267,7 +320,8 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     for param, message in req.unsupported():
         raise bad_request(message, param, "unsupported")
     if req.model != service.config.model_name:
-        raise APIError(404, f"model {req.model!r} does not exist; this server serves {service.config.model_name!r}",
+        raise APIError(404, f"model {shown(req.model)} does not exist; this server serves "
+                            f"{service.config.model_name!r}",
                        param="model", code="model_not_found")
     shape = await asyncio.to_thread(_output_shape, service, req)  # compiling a grammar must not stall the streams
     prompt_ids = await asyncio.to_thread(_encode, service, req, chat)  # a long prompt must not stall the streams
@@ -297,7 +351,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
                 wanted = job.generation.logprobs is not None
                 return JSONResponse(reply.whole("".join(pieces), event, logprobs if wanted else None))
             else:
-                raise APIError(event.status, event.message, "server_error", code="generation_failed")
+                raise APIError(event.status, event.message, event.kind, code=event.code)
     finally:
         watcher.cancel()
         ticket.cancel()
@@ -330,7 +384,7 @@ async def _sse(ticket: Ticket, reply: _Reply, include_usage: bool) -> AsyncItera
                     yield _data(reply.usage_chunk(event.stats))
                 break
             else:
-                yield _data(APIError(500, event.message, "server_error", code="generation_failed").body())
+                yield _data(APIError(event.status, event.message, event.kind, code=event.code).body())
                 break
         yield "data: [DONE]\n\n"
     finally:
@@ -409,7 +463,7 @@ def _require_json(request: Request) -> None:
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     subtype = media_type.removeprefix("application/")
     if subtype == media_type or not (subtype == "json" or subtype.endswith("+json")):
-        got = f"got {media_type!r}" if media_type else "got no Content-Type"
+        got = f"got {shown(media_type)}" if media_type else "got no Content-Type"
         raise APIError(415, f"the request body must be JSON with Content-Type: application/json; {got}",
                        code="unsupported_media_type")
 
@@ -540,7 +594,7 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     spec = req.speculation or s.SpeculationOptions()
     drafter = spec.drafter or service.scheduler.router.default
     if drafter not in service.drafters:
-        raise bad_request(f"drafter {drafter!r} is not served here; choose one of: {', '.join(service.drafters)}",
+        raise bad_request(f"drafter {shown(drafter)} is not served here; choose one of: {', '.join(service.drafters)}",
                           "speculation.drafter", "invalid_value")
     if spec.k == 0:
         drafter = NO_SPECULATION
@@ -562,3 +616,23 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     except ConfigError as error:
         raise bad_request(str(error)) from None
     return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k)
+
+
+class _HostCheck:
+    """ASGI middleware: a request whose Host header (port aside) is not one of `allowed` is answered 400 JSON. On a
+    server bound to loopback it stops a web page whose own host name resolves to 127.0.0.1 (DNS rebinding) from
+    reading the API; Starlette's TrustedHostMiddleware answers in plain text."""
+
+    def __init__(self, app, allowed: tuple[str, ...]):
+        self.app, self.allowed = app, {host.lower() for host in allowed}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and "*" not in self.allowed:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1").lower()
+            name = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] or host
+            if name not in self.allowed:
+                error = APIError(400, f"the Host header {shown(host)} is not one this server answers to", param="host",
+                                 code="invalid_host")
+                await JSONResponse(error.body(), status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -3,19 +3,25 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
+
+from specdecode.server.connections import ConnectionLimits, uvicorn_options
 
 
 class BackgroundServer:
     """`with BackgroundServer(app) as server: httpx.get(server.url + "/health")`."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 limits: ConnectionLimits | None = None, on_reject: Callable[[int], None] | None = None, **options):
+        """limits: the connection limits, as `specdecode serve` enforces them (server/connections.py), on_reject
+        counting what they answer; options: further uvicorn.Config keyword arguments."""
         self.app = app
-        # h11 as `specdecode serve` runs it (uvicorn would pick httptools wherever it is installed: Ray brings it)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11",
-                                                    lifespan="on", timeout_graceful_shutdown=5))
+        guarded = uvicorn_options(limits or ConnectionLimits(), on_reject)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+                                                    timeout_graceful_shutdown=5, **{**guarded, **options}))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.host = host
         self.port = port

@@ -21,6 +21,13 @@ class APIError(Exception):
                                            code=self.code)).model_dump()
 
 
+def shown(value: object, limit: int = 64) -> str:
+    """A client's value quoted in an error message, cut to `limit` characters (a 5,000-character name is not
+    echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 

@@ -72,6 +72,11 @@ class ServerMetrics:
         """Export a suffix drafter's store (its `stats`), read at scrape time."""
         self.registry.register(_StoreCollector(stats))
 
+    def count_rejected(self, status: int) -> None:
+        """A request answered below the app (connections.py: a head too slow, too large or malformed, no
+        connection free), counted under the endpoint "connection"."""
+        self.requests.labels("connection", str(status)).inc()
+
     def observe_draft(self, drafted: int, accepted: int) -> None:
         """One sequence's verification pass: a draft of depth `drafted`, of which `accepted` tokens were kept."""
         if drafted <= 0:

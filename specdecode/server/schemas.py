@@ -23,12 +23,15 @@ rate, drafter, grammar-forced tokens) in responses.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdecode.config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, Structure
 from specdecode.errors import ConfigError
+
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")  # OpenAI's logit_bias keys: token ids as strings
 
 
 class _Request(BaseModel):
@@ -133,11 +136,14 @@ class _Sampling(_Request):
         return problems
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
-        """logit_bias as (token id, bias) pairs; a key that is not a token id is a ConfigError."""
+        """logit_bias as (token id, bias) pairs. A key is a token id in ASCII decimal digits, at most 10 of them:
+        str.isdigit() also admits "²" or "①", which int() refuses (a 500 once), and a 5,000-digit key is no
+        token; anything else is a ConfigError."""
         pairs = []
         for key, bias in (self.logit_bias or {}).items():
-            if not key.strip().isdigit():
-                raise ConfigError(f"logit_bias keys must be token ids, got {key!r}")
+            if not _TOKEN_ID.fullmatch(key):
+                raise ConfigError(f"logit_bias keys must be token ids (decimal digits), got {key[:24]!r}"
+                                  + ("..." if len(key) > 24 else ""))
             pairs.append((int(key), bias))
         return tuple(pairs)
 

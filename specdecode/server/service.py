@@ -33,7 +33,8 @@ class ServeConfig:
     always can); k_policy: how each step's draft length is chosen (measured: the built-in cost table, calibrate:
     this model's, measured at start-up, fixed: spec.k); served_name: the `model` clients send (None: the model's
     own name); kv_cache_bytes: KV memory requests may reserve (None: AUTO_KV_SHARE of the RAM, or of the free
-    GPU memory after loading); api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`."""
+    GPU memory after loading); api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`; allowed_hosts:
+    the Host headers answered (None: any; ServerConfig.allowed_hosts)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     drafter: DrafterConfig = field(default_factory=lambda: DrafterConfig("prompt-lookup"))
@@ -46,6 +47,7 @@ class ServeConfig:
     default_max_tokens: int = 256
     kv_cache_bytes: int | None = None
     api_key: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None  # ServerConfig.allowed_hosts
 
     def __post_init__(self) -> None:
         for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1)):
@@ -104,7 +106,8 @@ def _build_service(config: ServeConfig) -> Service:
                 for name in config.drafters}
     limits = ServerConfig(config.served_name or loaded.name, config.max_batch, config.max_queue,
                           config.default_max_tokens, api_key=config.api_key,
-                          kv_cache_bytes=config.kv_cache_bytes or default_kv_memory(config.model.device))
+                          kv_cache_bytes=config.kv_cache_bytes or default_kv_memory(config.model.device),
+                          allowed_hosts=config.allowed_hosts)
     service = assemble(target, drafters, config.drafter.name, limits, config.spec, _policy(config, target))
     if fast.enabled:
         service.scheduler.engine.warmup()

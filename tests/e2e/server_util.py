@@ -12,6 +12,7 @@ from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.server.app import ServerConfig, Service, build_service, create_app
 from specdecode.server.background import BackgroundServer
+from specdecode.server.connections import ConnectionLimits
 from specdecode.server.policy import SpecPolicy
 
 MODEL = "tiny"
@@ -48,9 +49,10 @@ def tiny_service(target: Target, drafters: dict | None = None, default: str = "p
 
 
 @contextlib.contextmanager
-def serving(service: Service) -> Iterator[BackgroundServer]:
-    """A real uvicorn server for `service` on 127.0.0.1 (its `.url`, `.app`), stopped on exit."""
-    with BackgroundServer(create_app(service)) as running:
+def serving(service: Service, limits: ConnectionLimits | None = None) -> Iterator[BackgroundServer]:
+    """A real uvicorn server for `service` on 127.0.0.1 (its `.url`, `.app`), with `specdecode serve`'s connection
+    handling (limits: its defaults), stopped on exit."""
+    with BackgroundServer(create_app(service), limits=limits, on_reject=service.metrics.count_rejected) as running:
         yield running
 
 

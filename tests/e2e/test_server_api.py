@@ -162,6 +162,12 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": "x", "logit_bias": {"999999": 1}}', 400, "invalid_value", "logit_bias"),
     (b'{"model": "tiny", "prompt": "x", "logit_bias": {"5": 101}}', 400, "invalid_value", "logit_bias"),
     (b'{"model": "tiny", "prompt": "x", "logit_bias": {"5": "up"}}', 400, "invalid_value", "logit_bias.5"),
+    # str.isdigit() admits these and int() refuses them: a 500 once
+    ('{"model": "tiny", "prompt": "x", "logit_bias": {"\u00b2": 1}}'.encode(), 400, "invalid_value", "logit_bias"),
+    ('{"model": "tiny", "prompt": "x", "logit_bias": {"\u2460": 1}}'.encode(), 400, "invalid_value", "logit_bias"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {"' + b"7" * 5000 + b'": 1}}', 400, "invalid_value",
+     "logit_bias"),
+    (b'{"model": "tiny", "prompt": "x", "logit_bias": {" 5": 1}}', 400, "invalid_value", "logit_bias"),
     (b'{"model": "tiny", "prompt": "", "max_tokens": 2}', 400, "invalid_value", "prompt"),
     (b'{"model": "tiny", "prompt": [999999]}', 400, "invalid_value", "prompt"),
     (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),

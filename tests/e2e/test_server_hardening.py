@@ -9,6 +9,7 @@ import http.client
 import json
 import logging
 import time
+import types
 
 import httpx
 import openai
@@ -19,6 +20,7 @@ from specdecode.cli.main import main
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
+from specdecode.server.connections import ConnectionLimits, GuardedH11Protocol
 from tests.e2e.server_util import MODEL, SPEC, reference, serving, tiny_service
 from tests.fakes import Oracle
 
@@ -267,22 +269,95 @@ def test_openapi_declares_both_request_bodies(server):
                                           (["--api-key", "from-flag"], "from-env", "from-flag")])
 def test_serve_passes_the_key_and_connection_limits(monkeypatch, argv, env, key):
     seen: dict = {}
+    service = types.SimpleNamespace(metrics=types.SimpleNamespace(count_rejected=lambda status: None))
     monkeypatch.setattr("specdecode.cli.serve.build_service",
-                        lambda config: seen.update(api_key=config.api_key) or "service")
+                        lambda config: seen.update(api_key=config.api_key) or service)
     monkeypatch.setattr("specdecode.cli.serve.create_app", lambda service: "app")
     monkeypatch.setattr("uvicorn.run", lambda app, **settings: seen.update(settings))
     if env is None:
         monkeypatch.delenv("SPECDECODE_API_KEY", raising=False)
     else:
         monkeypatch.setenv("SPECDECODE_API_KEY", env)
-    assert main(["serve", "--max-connections", "7", "--timeout-keep-alive", "3", *argv]) == 0
+    assert main(["serve", "--max-connections", "7", "--max-connections-per-client", "2", "--head-timeout", "4.5",
+                 "--timeout-keep-alive", "3", *argv]) == 0
     assert seen["api_key"] == key
-    assert (seen["limit_concurrency"], seen["timeout_keep_alive"]) == (7, 3)
-    assert seen["http"] == "h11" and seen["h11_max_incomplete_event_size"] == 16 << 10
+    assert seen["timeout_keep_alive"] == 3 and seen["limit_concurrency"] is None  # the protocol's cap replaces it
+    assert issubclass(seen["http"], GuardedH11Protocol)
+    assert seen["http"].limits == ConnectionLimits(7, 2, 4.5, 16 << 10)
+    assert seen["h11_max_incomplete_event_size"] == 16 << 10
 
 
-@pytest.mark.parametrize("flag", ["--max-connections", "--timeout-keep-alive"])
+@pytest.mark.parametrize("flag", ["--max-connections", "--max-connections-per-client", "--timeout-keep-alive"])
 def test_bad_connection_flags_are_one_line(capsys, flag):
     assert main(["serve", flag, "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert f"{flag} must be >= 1" in err and "\n" not in err
+
+
+# -- the API's description, hosts, methods, names ----------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs", "/redoc"])
+def test_the_api_description_needs_the_key_when_there_is_one(keyed_server, server, path):
+    """/openapi.json names the served model and drafters, which /v1/models hides without the key."""
+    assert httpx.get(keyed_server.url + path).status_code == 401
+    assert httpx.get(keyed_server.url + path, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    assert httpx.get(server.url + path).status_code == 200  # no key: open, as before
+
+
+def test_openapi_lists_the_error_answers(server, keyed_server):
+    doc = httpx.get(server.url + "/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = doc["paths"][path]["post"]["responses"]
+        assert {"200", "400", "404", "408", "413", "415", "429"} <= set(responses) and "401" not in responses
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    model = doc["paths"]["/v1/models/{model}"]["get"]["responses"]
+    assert "404" in model and "422" not in model  # a wrong name is a 404, never a 422
+    keyed = httpx.get(keyed_server.url + "/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert "401" in keyed["paths"]["/v1/completions"]["post"]["responses"]
+
+
+def test_a_wrong_method_is_405_with_allow(server):
+    reply = httpx.get(server.url + "/v1/completions")
+    assert reply.status_code == 405 and "POST" in reply.headers["allow"]
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_long_model_name_is_not_echoed_whole(server):
+    reply = _complete(server, {"model": "m" * 5000, "prompt": "x", "max_tokens": 2})
+    assert reply.status_code == 404 and len(reply.json()["error"]["message"]) < 200
+
+
+def test_a_host_other_than_loopback_is_refused_on_a_loopback_server(tiny_target):
+    """DNS rebinding: a page at http://evil.example:PORT whose name resolves to 127.0.0.1 sends Host: evil.example."""
+    allowed = ("localhost", "127.0.0.1", "::1")
+    with serving(tiny_service(tiny_target, allowed_hosts=allowed)) as running:
+        refused = httpx.get(running.url + "/v1/models", headers={"Host": f"evil.example:{running.port}"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_host"
+        for host in (f"127.0.0.1:{running.port}", f"localhost:{running.port}", "[::1]", "LOCALHOST"):
+            assert httpx.get(running.url + "/v1/models", headers={"Host": host}).status_code == 200, host
+
+
+@pytest.mark.parametrize("argv,allowed", [
+    (["--host", "127.0.0.1"], ("localhost", "127.0.0.1", "::1")),
+    (["--host", "::1"], ("localhost", "127.0.0.1", "::1")),
+    (["--host", "0.0.0.0"], None),
+    (["--host", "0.0.0.0", "--allowed-hosts", "api.example,Other.example"], ("api.example", "other.example")),
+    (["--host", "127.0.0.1", "--allowed-hosts", "*"], None),
+])
+def test_serve_chooses_the_allowed_hosts(argv, allowed):
+    from specdecode.cli.main import build_parser
+    from specdecode.cli.serve import allowed_hosts
+
+    assert allowed_hosts(build_parser().parse_args(["serve", *argv])) == allowed
+
+
+def test_an_internal_error_is_counted_and_does_not_leak_its_text(server, monkeypatch):
+    service = server.app.state.service
+
+    def broken(ticket):
+        raise ValueError("secret internals /etc/passwd")
+
+    monkeypatch.setattr(service.scheduler, "submit", broken)
+    before = _metrics(server)
+    reply = _complete(server, {"prompt": "x", "max_tokens": 2})
+    assert reply.status_code == 500 and "secret" not in reply.text
+    assert _delta(before, _metrics(server), "specdecode_requests_total", endpoint="completions", status="500") == 1
