@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ from dataclasses import dataclass, field
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core.engine import Engine, Sequence, StepOutcome
 from specdecode.core.logprobs import TokenLogprob
+from specdecode.errors import StructureError
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.policy import AcceptanceStats, SpecPolicy
 from specdecode.server.router import RoutingDrafter
@@ -66,7 +68,9 @@ class SchedulerConfig:
     kv_cache_bytes: int | None = None  # KV memory that admitted requests may reserve (None: unbounded)
     prefill_chunk: int = 256  # most prompt tokens prefilled per round
     prefill_share: float = 0.5  # while rows decode, prefill's time as a share of decoding time
-    prefill_burst: float = 6.0  # while rows decode, a step carrying a chunk adds about this many plain steps
+    # while rows decode, a step carrying a chunk adds about this many plain steps: a running stream then waits at
+    # most about 1 + prefill_burst times its usual gap (2: 3x, where 6 let a 3,000-token prompt hold streams 12-24x)
+    prefill_burst: float = 2.0
     stall_s: float = 30.0  # a round (chunk + step) longer than this, with work pending, is a stall
 
     def __post_init__(self) -> None:
@@ -76,8 +80,9 @@ class SchedulerConfig:
             raise ValueError("prefill_chunk must be >= 1; prefill_share, prefill_burst and stall_s > 0")
 
 
-MIN_CHUNK = 4  # the fewest prompt tokens a step carries while rows decode
-FIRST_CHUNK = 64  # ... and how many before a step carrying one has been timed
+MIN_CHUNK = 1  # the fewest prompt tokens a step carries while rows decode
+FIRST_CHUNK = MIN_CHUNK  # ... and how many before a step carrying one has been timed (it doubles while it fits)
+CHUNK_SAMPLES = 16  # the last chunk steps the chunk's cost is fitted on
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,13 @@ class Finished:
 @dataclass(frozen=True)
 class Failed:
     message: str
-    status: int = 500  # 499: the client went away (nginx's "client closed request")
+    status: int = 500  # 499: the client went away (nginx's "client closed request"); 400: the request's fault
+    code: str = "generation_failed"
+
+    @property
+    def kind(self) -> str:
+        """OpenAI's error type for the status."""
+        return "invalid_request_error" if self.status < 500 else "server_error"
 
 
 Event = TextDelta | Finished | Failed
@@ -211,8 +222,11 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._draft_ms_per_k = 0.0
-        self._step_s: float | None = None  # time of a step that carries no prefill chunk (decaying mean)
+        # times of the last steps that carried no prefill chunk; the quickest is a stream's usual step (their mean,
+        # raised by a few slow steps and by the prompt's own tokenising, sized chunks that held streams 6-8x)
+        self._plain_steps: collections.deque[float] = collections.deque(maxlen=CHUNK_SAMPLES * 2)
         self._chunk = FIRST_CHUNK  # prompt tokens a step carries while rows decode, all rows (see _adapt_chunk)
+        self._chunk_costs: collections.deque[tuple[int, float]] = collections.deque(maxlen=CHUNK_SAMPLES)
         self._credit = 0.0  # seconds of prefill that decoding time has paid for; a chunk rides when it is >= 0
         self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
         self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)
@@ -318,10 +332,10 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         decoding = [slot for slot in self._active if slot.seq.ready]
-        waiting = sum(s.seq.prompt_len - 1 - s.seq.prefilled for s in self._active if s.seq.prefilling)
-        if not decoding or waiting <= self.config.prefill_chunk:  # short prompts join the batch at once
+        if not decoding:  # nobody waits on the pass: the most a round carries
             prefill = self._chunks(self.config.prefill_chunk)
-        else:  # a long prompt loads in bursts, paid for by decoding time
+        else:  # prompts load in chunks that each cost the running streams about prefill_burst steps, paid for by
+            # decoding time (a short prompt that fits one chunk joins at once)
             prefill = self._chunks(self._chunk) if self._credit >= 0 else []
         if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
             for slot, _ in prefill:
@@ -386,14 +400,22 @@ class Scheduler:
     def _adapt_chunk(self, seconds: float, tokens: int) -> None:
         """After a step that carried `tokens` prompt tokens next to decoding rows: charge the time they added
         (over a plain step) to the credit, and size the next chunk so that it adds about `prefill_burst` plain
-        steps, at most doubling, within [MIN_CHUNK, prefill_chunk]."""
-        if self._step_s is None:
+        steps, within [MIN_CHUNK, prefill_chunk], at most doubling. The added time is fitted as fixed + per token
+        over the last chunk steps: carrying even one token costs the step something of its own (a second row),
+        and a prompt token's cost grows with the context it attends to."""
+        if not self._plain_steps:
             return
-        added, target = seconds - self._step_s, self.config.prefill_burst * self._step_s
+        plain = min(self._plain_steps)
+        added, target = seconds - plain, self.config.prefill_burst * plain
         self._credit -= max(0.0, added)
-        per_token = added / max(1, tokens)
-        grown = self._chunk * 2 if per_token <= 0 else min(self._chunk * 2, int(target / per_token))
-        self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, grown))
+        self._chunk_costs.append((tokens, max(0.0, added)))
+        fitted = _fit(self._chunk_costs)
+        if fitted is None:  # one size so far: double while it fits, else scale down
+            room = self._chunk * 2 if added <= target else tokens * target / max(added, 1e-9)
+        else:
+            fixed, per_token = fitted
+            room = (target - fixed) / per_token if per_token > 0 else self._chunk * 2
+        self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, self._chunk * 2, int(room + 1e-9)))
 
     def _earn(self, seconds: float) -> None:
         """A plain step while prompts wait: its time, times the share, pays for prefill; nothing is saved up
@@ -434,7 +456,7 @@ class Scheduler:
             prefill = []
         elapsed = time.perf_counter() - began
         if not prefill:
-            self._step_s = _decayed(self._step_s, elapsed)
+            self._plain_steps.append(elapsed)
             self._earn(elapsed)
         else:
             self._adapt_chunk(elapsed, sum(tokens for _, tokens in prefill))
@@ -468,12 +490,12 @@ class Scheduler:
                 passes += 1
                 results.append((slot, outcome))
             except Exception as error:  # noqa: BLE001
-                self._fail(slot, f"generation failed: {type(error).__name__}: {error}")
+                self._fail_with(slot, error)
         return results, passes
 
     def _deliver(self, slot: _Slot, outcome: StepOutcome) -> None:
         if outcome.error is not None:
-            self._fail(slot, f"generation failed: {type(outcome.error).__name__}: {outcome.error}")
+            self._fail_with(slot, outcome.error)
             return
         tokens, now = outcome.token_ids, time.perf_counter()
         if tokens and slot.first_token_at is None:
@@ -505,12 +527,22 @@ class Scheduler:
             self.metrics.tpot.observe((time.perf_counter() - slot.first_token_at) / (stats.completion_tokens - 1))
         slot.ticket.post(Finished("length" if reason == "length" else "stop", stats))
 
-    def _fail(self, slot: _Slot, message: str) -> None:
+    def _fail_with(self, slot: _Slot, error: Exception) -> None:
+        """A row's generation raised: the request's structure that this model cannot follow is the client's
+        error (400, logged with its reason), anything else a bug (500, with its traceback)."""
+        if isinstance(error, StructureError):
+            log.warning("request %s: %s", slot.seq.ctx.seq_id, error)
+            self._fail(slot, str(error), status=400, code="structure_not_followed")
+        else:
+            log.error("request %s failed", slot.seq.ctx.seq_id, exc_info=error)
+            self._fail(slot, f"generation failed: {type(error).__name__}: {error}")
+
+    def _fail(self, slot: _Slot, message: str, status: int = 500, code: str = "generation_failed") -> None:
         if slot in self._active:
             self._active.remove(slot)
             self._release(slot)
         self.metrics.finished.labels("error").inc()
-        slot.ticket.post(Failed(message))
+        slot.ticket.post(Failed(message, status, code))
 
     def _release(self, slot: _Slot) -> None:
         try:
@@ -519,5 +551,16 @@ class Scheduler:
             log.exception("drafter cleanup failed for sequence %s", slot.seq.ctx.seq_id)
 
 
-def _decayed(mean: float | None, value: float, weight: float = 0.2) -> float:
-    return value if mean is None else (1 - weight) * mean + weight * value
+def _fit(samples: collections.abc.Iterable[tuple[int, float]]) -> tuple[float, float] | None:
+    """(fixed, per token) seconds fitted to (tokens, added seconds) samples by least squares, neither negative;
+    None with one size of chunk only (nothing tells the two apart)."""
+    points = list(samples)
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    spread = sum((n - mean_n) ** 2 for n, _ in points)
+    if spread == 0:
+        return None
+    per_token = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / spread)
+    return max(0.0, mean_t - per_token * mean_n), per_token
+
+

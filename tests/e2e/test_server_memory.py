@@ -77,11 +77,11 @@ def _gaps(times: list[float], start: float, end: float) -> list[float]:
 
 
 def _one_trial(url: str) -> tuple[float, float, float, int]:
-    """Stream 700 tokens; after 80 of them send a LONG-token prompt (max_tokens 1). Returns the stream's median idle
+    """Stream 3,000 tokens; after 80 of them send a LONG-token prompt (max_tokens 1). Returns the stream's median idle
     gap, the 90th percentile and the largest of its gaps while the long prompt was served, and their count."""
     times: list[float] = []
     started = threading.Event()
-    stream_body = {"prompt": [40, 41, 42], "max_tokens": 700, "temperature": 0, "ignore_eos": True,
+    stream_body = {"prompt": [40, 41, 42], "max_tokens": 3000, "temperature": 0, "ignore_eos": True,
                    "speculation": {"drafter": "none"}}
     reader = threading.Thread(target=_stream_times, args=(url, stream_body, times, started))
     reader.start()
