@@ -70,6 +70,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._opened = self.loop.time()
         self._head_bytes = 0  # bytes of the head being received (0 between requests)
+        self._tail = b""  # the last bytes of a head still arriving (its blank line may straddle two reads)
         self._deadline = None
         self._arm()
         self._make_room()
@@ -80,15 +81,17 @@ class GuardedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._waiting_for_head():
-            end = data.find(b"\r\n\r\n")
-            head = len(data) if end < 0 else end + 4
+            end = _head_end(self._tail + data)  # the blank line may straddle two reads
+            head = len(data) if end < 0 else max(0, end - len(self._tail))
             self._head_bytes += head
             if self._head_bytes > self.limits.max_head_bytes:
                 self._answer(431, f"the request head is larger than {self.limits.max_head_bytes} bytes")
                 return
             if end >= 0:
-                self._head_bytes = 0
+                self._head_bytes, self._tail = 0, b""
                 self._disarm()
+            else:
+                self._tail = (self._tail + data)[-3:]
         super().data_received(data)
 
     def on_response_complete(self) -> None:
@@ -154,6 +157,12 @@ class GuardedH11Protocol(H11Protocol):
         if not self.transport.is_closing():
             self.transport.write(head + body)
             self.transport.close()
+
+
+def _head_end(data: bytes) -> int:
+    """Where a request head ends in `data` (just past its blank line; h11 takes a bare LF too), or -1."""
+    ends = [found + len(mark) for mark in (b"\r\n\r\n", b"\n\n") if (found := data.find(mark)) >= 0]
+    return min(ends, default=-1)
 
 
 def _busy(app):

@@ -163,3 +163,18 @@ def test_limits_are_checked():
     for bad in (dict(max_connections=0), dict(per_client=-1), dict(head_timeout_s=0), dict(max_head_bytes=True)):
         with pytest.raises(ValueError):
             ConnectionLimits(**bad)
+
+
+def test_a_large_body_after_a_split_blank_line_is_not_counted_as_head(server):
+    """The head's blank line split over two reads, then a 40 KB body: a request served, not a 431."""
+    body = json.dumps({"model": MODEL, "prompt": "x" * 40_000, "max_tokens": 1}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode()
+    with _connect(server) as sock:
+        sock.sendall(head)
+        time.sleep(0.2)
+        sock.sendall(b"\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert not answer.startswith(b"HTTP/1.1 431 "), answer[:200]
