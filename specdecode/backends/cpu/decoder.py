@@ -1,4 +1,4 @@
-"""A packed Llama-family model's decoder layers run by layers.c, one native call per layer.
+"""A packed Llama-family model's decoder layers run by layers.c, all of a pass's layers in one native call.
 
 Why not the model's own forward: on a one-token pass, transformers' eager decoder layer is ~50 small torch
 operations plus seven linear layers that each quantize their input; for a packed model that dispatch costs more
