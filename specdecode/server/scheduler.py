@@ -12,10 +12,12 @@ chunk rides in the step's target pass as one more row (`Engine.step(..., prefill
 add about a whole step of fixed cost on a small model or a CPU. On the CPU only a chunk no wider than the
 step's widest decode row does; a wider one is a pass of its own, since riding it would pad every decode row to
 its length. With nothing decoding, a round carries
-`prefill_chunk` tokens, and so does a round while rows decode when that is all the prompt tokens waiting
-(short prompts join the batch at once). More is a long prompt: it gets `prefill_share` of the decoding time, in
-bursts: a step carries a chunk sized to add about `prefill_burst` plain steps (`_adapt_chunk`, from the measured
-cost per token), then plain steps follow until their time, times the share, has paid for it (`_credit`).
+`prefill_chunk` tokens, and so does a round while rows decode when short prompts (each at most `prefill_chunk`
+tokens in all) wait: short prompts join the batch at once, as many as fit a chunk each round (32 streams of 12
+tokens on 16 rows, tests/e2e/test_server_load.py, averaged 3.8-4.5 rows a step while short prompts came in small
+bites, 13 while they join at once). A long prompt gets `prefill_share` of the decoding time, in bursts: a step
+carries a chunk sized to add about `prefill_burst` plain steps (`_adapt_chunk`, from the measured cost per token),
+then plain steps follow until their time, times the share, has paid for it (`_credit`).
 Measured on the 2-core CPU, a step's cost jumps by about a whole step as soon as it carries a second row of
 even one token (GEMV becomes GEMM) and then grows slowly with tokens, so a small chunk in every step slows every
 token of the running streams and prefills slowest of all; a few larger ones leave most gaps alone and prefill
@@ -332,11 +334,14 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         decoding = [slot for slot in self._active if slot.seq.ready]
+        short = [s for s in self._active if s.seq.prefilling and s.seq.prompt_len <= self.config.prefill_chunk]
         if not decoding:  # nobody waits on the pass: the most a round carries
             prefill = self._chunks(self.config.prefill_chunk)
-        else:  # prompts load in chunks that each cost the running streams about prefill_burst steps, paid for by
-            # decoding time (a short prompt that fits one chunk joins at once)
-            prefill = self._chunks(self._chunk) if self._credit >= 0 else []
+        elif short:  # short prompts join the batch at once, up to a chunk's worth a round
+            prefill = self._chunks(self.config.prefill_chunk, short)
+        else:  # a long prompt loads in chunks that each cost the running streams about prefill_burst steps, paid
+            # for by decoding time (from a plain step's time: the first step with rows decoding carries none)
+            prefill = self._chunks(self._chunk) if self._credit >= 0 and self._plain_steps else []
         if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
             for slot, _ in prefill:
                 self._prefill_alone(slot, self.config.prefill_chunk)
@@ -378,10 +383,11 @@ class Scheduler:
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
             self._active.append(_Slot(ticket, seq, length))
 
-    def _chunks(self, budget: int) -> list[tuple[_Slot, int]]:
-        """Up to `budget` prompt tokens for the prefilling rows, those with the fewest tokens left first (a short
-        prompt is not queued behind a long one)."""
-        slots = sorted((s for s in self._active if s.seq.prefilling), key=lambda s: s.seq.prompt_len - s.seq.prefilled)
+    def _chunks(self, budget: int, among: list[_Slot] | None = None) -> list[tuple[_Slot, int]]:
+        """Up to `budget` prompt tokens for the prefilling rows (or those `among` them), those with the fewest
+        tokens left first (a short prompt is not queued behind a long one)."""
+        rows = self._active if among is None else among
+        slots = sorted((s for s in rows if s.seq.prefilling), key=lambda s: s.seq.prompt_len - s.seq.prefilled)
         chunks = []
         for slot in slots:
             if budget <= 0:
@@ -410,11 +416,17 @@ class Scheduler:
         self._credit -= max(0.0, added)
         self._chunk_costs.append((tokens, max(0.0, added)))
         fitted = _fit(self._chunk_costs)
-        if fitted is None:  # one size so far: double while it fits, else scale down
-            room = self._chunk * 2 if added <= target else tokens * target / max(added, 1e-9)
+        if fitted is None:  # one size so far: double while it fits, else scale down; from the smallest, a second
+            # size all the same (the fit needs two: one token a step that costs more than the bound stayed one
+            # token, and 16 short prompts then joined a token at a time)
+            grow = added <= target or tokens <= MIN_CHUNK
+            room = self._chunk * 2 if grow else tokens * target / max(added, 1e-9)
         else:
             fixed, per_token = fitted
-            room = (target - fixed) / per_token if per_token > 0 else self._chunk * 2
+            # where carrying anything costs more than the bound, it cannot be kept: the tokens then spread the
+            # fixed cost, up to as much again (one token a step would pay the fixed cost for every token)
+            budget = target - fixed if fixed < target else fixed
+            room = budget / per_token if per_token > 0 else self._chunk * 2
         self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, self._chunk * 2, int(room + 1e-9)))
 
     def _earn(self, seconds: float) -> None:

@@ -29,17 +29,17 @@ def test_a_prompt_joining_running_streams_comes_in_chunks(scheduler):
         stream = Job((5, 6, 7), SamplingConfig(), GenerationConfig(max_new_tokens=50), "none")
         scheduler.submit(Ticket(stream, loop))
         scheduler._round()  # the stream is admitted, prefilled and decodes
-        long = Job(tuple(range(10, 210)), SamplingConfig(), GenerationConfig(max_new_tokens=2), "none")
+        long = Job(tuple(range(10, 410)), SamplingConfig(), GenerationConfig(max_new_tokens=2), "none")
         scheduler.submit(Ticket(long, loop))
         carried = []
         for _ in range(6):
             before = next((s.seq.prefilled for s in scheduler._active if s.seq.prefilling), None)
             scheduler._round()
-            after = next((s.seq.prefilled for s in scheduler._active if s.seq.prompt_len == 200), None)
+            after = next((s.seq.prefilled for s in scheduler._active if s.seq.prompt_len == 400), None)
             if before is not None:
                 carried.append(after - before)
-        assert carried and max(carried) <= 2 * scheduling.FIRST_CHUNK * 2 ** 6  # a chunk, never all 199 at once
-        assert max(carried) < 199
+        assert carried and max(carried) <= 2 * scheduling.FIRST_CHUNK * 2 ** 6  # a chunk, never all 399 at once
+        assert max(carried) < 399
     finally:
         loop.close()
 
@@ -63,3 +63,20 @@ def test_the_fit_separates_a_chunk_steps_fixed_cost():
     assert scheduling._fit([(2, 0.009), (4, 0.013), (8, 0.021)]) == pytest.approx((0.005, 0.002))
     assert scheduling._fit([(4, 0.02), (4, 0.02)]) is None  # one size: nothing tells them apart
     assert scheduling._fit([(2, 0.03), (6, 0.01)]) == (0.02, 0.0)  # cheaper when larger: noise, nothing per token
+
+
+def test_a_short_prompt_joins_running_streams_at_once(scheduler):
+    """Requests that come together are decoded together: a whole short prompt is not cut into bites."""
+    loop = asyncio.new_event_loop()
+    try:
+        stream = Job((5, 6, 7), SamplingConfig(), GenerationConfig(max_new_tokens=50), "none")
+        scheduler.submit(Ticket(stream, loop))
+        scheduler._round()
+        scheduler._round()  # a plain step: the stream decodes
+        short = Job(tuple(range(10, 70)), SamplingConfig(), GenerationConfig(max_new_tokens=2), "none")
+        scheduler.submit(Ticket(short, loop))
+        scheduler._round()
+        joined = next(s.seq for s in scheduler._active if s.seq.prompt_len == 60)
+        assert not joined.prefilling
+    finally:
+        loop.close()
