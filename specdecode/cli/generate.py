@@ -114,7 +114,10 @@ def _summary(metrics: GenerationMetrics, seq: Sequence, drafter: str, structured
             f"tau {metrics.tau:.2f}, acceptance {metrics.acceptance_rate:.2f} (by position: {by_pos}), "
             f"{metrics.tokens_per_s:.1f} tokens/s; time: prefill {metrics.prefill_s:.2f}s, "
             f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}"
-            + (f"; grammar-forced tokens: {metrics.forced}" if structured else ""))
+            + (f"; grammar-forced tokens: {metrics.forced}" if structured else "")
+            + (f"; row cost {metrics.row_cost:.2f} of a pass" if metrics.row_cost is not None else "")
+            + "".join(f"; {steps} steps paused by the {rule} rule" if rule != "measuring" else
+                      f"; {steps} plain steps timed" for rule, steps in metrics.paused_steps.items()))
 
 
 def _structure(args: argparse.Namespace) -> Structure | None:

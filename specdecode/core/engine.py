@@ -201,7 +201,10 @@ class Engine:
             seq.ready = True
 
     def release(self, seq: Sequence) -> None:
-        """The sequence leaves the batch (finished or aborted): free its row and drafter state."""
+        """The sequence leaves the batch (finished or aborted): free its row and drafter state; its metrics get
+        the row cost the drafters plan with now, where one was asked for (the CPU)."""
+        if self.drafter.capabilities.prices_rows and self.target.device.type == "cpu":
+            seq.metrics.row_cost = self.target.row_cost
         if seq.length.plain:
             self._plain_costs = list(seq.length.plain)
         try:
@@ -264,6 +267,9 @@ class Engine:
             remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
             wanted = seq.length.k if draft_len is None else draft_len(seq)
             seq.ctx.k = max(0, min(wanted, remaining - 1))
+            if seq.length.paused:  # visible: why this step drafts nothing (GenerationMetrics.paused_steps)
+                paused = seq.metrics.paused_steps
+                paused[seq.length.reason] = paused.get(seq.length.reason, 0) + 1
         proposed = self.drafter.propose([seq.ctx for seq in seqs])
         shaped = [self._shape(seq, draft) for seq, draft in zip(seqs, proposed)]
         drafts = [draft if fit is None else fit.draft for draft, fit in zip(proposed, shaped)]
@@ -308,7 +314,10 @@ class Engine:
         """Run the target: one pass over the block. The riders' chunks are then cached; the aux branches' logits
         go back to the drafter."""
         rows = [seq.ctx.row for seq in plan.seqs] + [seq.ctx.row for seq, _ in chunks]
+        began = time.perf_counter()
         out = self.target.forward(self.cache, rows, block, hidden=self.drafter.capabilities.needs_hidden)
+        if len(rows) == 1 and self.target.device.type == "cpu":  # what a row costs now (pass_costs.RowCostEstimate)
+            self.target.row_costs.observe(block.input_ids.shape[1], time.perf_counter() - began)
         for b, (seq, chunk) in enumerate(chunks, start=len(plan.seqs)):
             self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[b])
             seq.metrics.prefill_s += time.perf_counter() - clock.drafted

@@ -8,6 +8,9 @@
   depth of its longest path stands for K (nodes on rejected sibling branches are not "proposals" of a step).
 - acceptance_by_position[i] = P(depth i + 1 accepted | the draft reached depth i + 1).
 - forced counts the accepted draft tokens that a structure's grammar forced (they are in `accepted` too).
+- paused_steps counts steps that drafted nothing because speculation did not pay (speculation.py's pause), by
+  the rule that paused it ("acceptance", "time"); row_cost is what one more verify row cost, in one-token passes,
+  when the generation ended (pass_costs.RowCostEstimate): why a drafter on the CPU drafted as deep as it did.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ class GenerationMetrics:
     cached_prompt_tokens: int = 0  # of them, those whose KV an earlier request left in the row (not prefilled)
     forced: int = 0
     grammar_s: float = 0.0  # walking the grammar over drafts and masking the target's scores (in draft_s, verify_s)
+    paused_steps: dict[str, int] = field(default_factory=dict)  # by the rule that paused speculation
+    row_cost: float | None = None  # one more verify row, in one-token passes, at the end (None: not asked)
 
     def observe(self, depth: int, accepted: int, committed: int, forced: int = 0) -> None:
         """One verification pass: a draft of this depth, `accepted` draft tokens kept (`forced` of them the
@@ -78,4 +83,6 @@ class GenerationMetrics:
             "verify_s": round(self.verify_s, 4),
             "total_s": round(self.total_s, 4),
             "grammar_s": round(self.grammar_s, 4),
+            "paused_steps": dict(self.paused_steps),
+            "row_cost": None if self.row_cost is None else round(self.row_cost, 4),
         }

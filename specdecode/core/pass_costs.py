@@ -1,15 +1,19 @@
 """What target passes cost on this machine, measured on the model itself: the one place the machine is timed.
 
 Which matrix kernel serves few-row passes is timed here too (`skinny_rows`, the kernel's own sweep). Three users
-ask about passes: a drafter deciding how deep to draft needs the cost of one more row of a
-verify pass (`measure_row_cost`, via Target.row_cost, drafters/common/row_budget.py); the server's batch policy needs a
+ask about passes: a drafter deciding how deep to draft needs the cost of one more row of a verify pass
+(`RowCostEstimate`, via Target.row_cost, drafters/common/row_budget.py: measured at first ask, then followed
+from the passes the engine runs); the server's batch policy needs a
 table cost(batch, tokens) (server/policy.calibrate); the benchmark reports the per-pass cost curve
 (bench/passcost.pass_costs). All of them time the same thing (`time_passes`)."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy
@@ -86,3 +90,76 @@ def skinny_rows(model: torch.nn.Module) -> int | None:
     """The fewest rows from which the few-row kernel beats F.linear for this model's weights on this machine
     (None: never): skinny.helps, which times both kernels over the weights (~1 s; none for packed weights)."""
     return helps(model)
+
+
+PRIOR_ROW_COST = 0.15  # one more verify row, in one-token passes, where nothing better is known (a packed model on
+# the 2-core CPU measures 0.1-0.2: docs/design-notes.md, "Costs that follow the machine")
+
+
+@dataclass
+class RowCostEstimate:
+    """One more verify row's cost, in one-token passes, as the machine runs now. The engine reports every pass of
+    one decode row (`observe`); the estimate is, per pass width w > 1, (t_w / t_1 - 1) / (w - 1) from the median
+    times among the last `keep` passes of the last `window_s` seconds (min_samples passes of a width at least),
+    weighted by how many each width has: the definition `measure` times at first ask. A busy minute slows every
+    width alike and leaves the ratio; a spike is one sample of a median; the passes compared are the latest, so of
+    one period of the machine's load; and what a minute of load taught is gone when its passes age out (while
+    drafting pays, one-token passes are rare: the last estimate stands until a few come). Before the passes say
+    anything, the measurement `measure()` takes at first ask counts while it is recent; after that, the last
+    estimate drifts back to PRIOR_ROW_COST over further windows: a cost timed during a busy minute (1.87 of a pass
+    once, where 0.14 is usual) would otherwise keep every drafter from drafting, and so from running the wider
+    passes that would correct it (they still probe, a token now and then)."""
+
+    measure: Callable[[], float]
+    window_s: float = 30.0
+    keep: int = 48  # the latest passes the estimate is read from
+    min_samples: int = 2  # passes of a width for its median to count
+    clock: Callable[[], float] = time.monotonic
+    _passes: deque[tuple[float, int, float]] = field(default_factory=deque, repr=False)  # (when, width, seconds)
+    _last: tuple[float, float] | None = field(default=None, repr=False)  # (when, estimate)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe(self, width: int, seconds: float) -> None:
+        """A pass of one decode row, `width` tokens wide, took `seconds`."""
+        if width < 1 or not seconds > 0:
+            return
+        with self._lock:
+            self._passes.append((self.clock(), width, seconds))
+            while len(self._passes) > self.keep:
+                self._passes.popleft()
+
+    @property
+    def value(self) -> float:
+        now = self.clock()
+        fitted = self._from_passes(now)
+        if fitted is not None:
+            self._last = (now, fitted)
+            return fitted
+        if self._last is None:
+            self._last = (now, max(0.0, self.measure()))
+        when, last = self._last
+        fresh = max(0.0, (now - when) / self.window_s - 1)  # whole windows past the first without evidence
+        return PRIOR_ROW_COST + (last - PRIOR_ROW_COST) * 0.5 ** fresh
+
+    def peek(self) -> float | None:
+        """The estimate as it stands, without measuring anything (None: nothing known yet): for another thread
+        than the one that decodes (a /metrics scrape must not run a pass)."""
+        if self._last is None:
+            return None
+        return self._last[1]
+
+    def _from_passes(self, now: float) -> float | None:
+        with self._lock:
+            recent = [(width, seconds) for when, width, seconds in self._passes if now - when <= self.window_s]
+        by_width: dict[int, list[float]] = {}
+        for width, seconds in recent:
+            by_width.setdefault(width, []).append(seconds)
+        ones = by_width.pop(1, [])
+        if len(ones) < self.min_samples:
+            return None
+        base = statistics.median(ones)
+        wider = [(len(times), (statistics.median(times) / base - 1) / (width - 1))
+                 for width, times in by_width.items() if len(times) >= self.min_samples]
+        if not wider:
+            return None
+        return max(0.0, sum(n * cost for n, cost in wider) / sum(n for n, _ in wider))

@@ -61,6 +61,7 @@ class SpeculationLength:
     paused: int = 0  # steps left without drafting
     backoff: int = 0  # length of the next pause
     measuring: bool = False  # the current pause times plain steps for the time rule; the window awaits judgment
+    reason: str = ""  # the rule behind the current pause: "acceptance", "time" ("measuring": timing plain steps)
     recent: deque = field(default_factory=deque)  # DraftStep of the last drafting steps
     plain: deque = field(default_factory=deque)  # seconds per token of the last timed plain steps
 
@@ -103,13 +104,13 @@ class SpeculationLength:
             return
         kept = sum(step.accepted for step in self.recent)
         if self.config.pause_below > 0 and kept < self.config.pause_below * len(self.recent):
-            self._pause()
+            self._pause("acceptance")
             return
         if self._timed() and len(self.plain) < PLAIN_SAMPLES:
-            self.paused, self.measuring = PLAIN_SAMPLES - len(self.plain), True
+            self.paused, self.measuring, self.reason = PLAIN_SAMPLES - len(self.plain), True, "measuring"
             return
         if self._timed() and self._costs_more():
-            self._pause()
+            self._pause("time")
             return
         self.backoff = self.config.pause_steps  # it pays: the next pause (if any) starts short again
 
@@ -127,8 +128,8 @@ class SpeculationLength:
     def _timed(self) -> bool:
         return self.config.pause_on_time and all(s.seconds is not None for s in self.recent)
 
-    def _pause(self) -> None:
-        self.paused, self.recent, self.measuring = self.backoff, deque(), False
+    def _pause(self, reason: str) -> None:
+        self.paused, self.recent, self.measuring, self.reason = self.backoff, deque(), False, reason
         self.backoff = min(2 * self.backoff, MAX_BACKOFF * self.config.pause_steps)
 
     def _resume(self) -> None:
@@ -137,6 +138,6 @@ class SpeculationLength:
             return
         self.measuring = False  # the plain cost is known now: judge the window that asked for it
         if self.plain and self._costs_more():
-            self._pause()
+            self._pause("time")
         else:
             self.backoff = self.config.pause_steps

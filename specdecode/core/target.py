@@ -17,7 +17,7 @@ from specdecode.backends.cpu.skinny import SkinnyLinears
 from specdecode.backends.cuda.fast_path import bucket_for, raise_recompile_limits
 from specdecode.config import FastPathConfig
 from specdecode.core.kv_cache import RollbackCache
-from specdecode.core.pass_costs import measure_row_cost, skinny_rows
+from specdecode.core.pass_costs import RowCostEstimate, measure_row_cost, skinny_rows
 from specdecode.core.trees import Block, build_block, pad_block
 from specdecode.errors import ConfigError
 
@@ -157,9 +157,15 @@ class Target:
         return None if self._skinny is None else self._skinny.min_rows
 
     @functools.cached_property
+    def row_costs(self) -> RowCostEstimate:
+        """What one more verify row costs as the machine runs now (pass_costs.RowCostEstimate): measured at first
+        ask, then followed from the passes the engine reports."""
+        return RowCostEstimate(lambda: measure_row_cost(self))
+
+    @property
     def row_cost(self) -> float:
-        """One more token of a verify pass, in one-token passes; measured once, when first asked (pass_costs)."""
-        return measure_row_cost(self)
+        """One more token of a verify pass, in one-token passes (0 off the CPU: passes are flat there)."""
+        return self.row_costs.value if self.device.type == "cpu" else 0.0
 
     def rides(self, tokens: int, width: int) -> bool:
         """Whether a prompt chunk of `tokens` rides in a step's pass whose widest decode row is `width` tokens

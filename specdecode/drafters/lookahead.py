@@ -179,7 +179,7 @@ class Lookahead(BaseDrafter):
         rng = random.Random(c.seed)
         guesses = seq.tokens or [0]
         levels = [[rng.choice(guesses) for _ in range(c.window)] for _ in range(c.ngram - 1)]
-        depths = DepthPolicy(PRIOR_RATES, self._cost.planned(seq.sampling.seeded), c.probe_every)
+        depths = DepthPolicy(PRIOR_RATES, self._cost.planner(seq.sampling.seeded), c.probe_every)
         seq.state = _State(pool, levels, indexed=len(seq.tokens), aux_parents=window_parents(c.window, c.ngram - 1),
                            depths=depths)
 

@@ -45,7 +45,7 @@ class PromptLookup(BaseDrafter):
 
     def start(self, seq: SequenceContext) -> None:
         priors = {n: PRIOR_RATES[min(n, 3)] for n in range(self.min_n, self.max_n + 1)}
-        depths = DepthPolicy(priors, self._cost.planned(seq.sampling.seeded))
+        depths = DepthPolicy(priors, self._cost.planner(seq.sampling.seeded))
         seq.state = _State(NgramIndex(self.min_n, self.max_n), depths)
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:

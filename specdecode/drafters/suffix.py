@@ -26,7 +26,7 @@ whatever ran before.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specdecode.config import DrafterConfig, SpecConfig
@@ -144,7 +144,7 @@ class _State:
     local: TokenIndex  # this request's prompt + output
     use_store: bool  # False for a seeded sampled sequence (see the module docstring)
     learned: Learned  # the drafter's, shared by its requests; a seeded sampled sequence's own
-    row_cost: float  # RowCost.planned: the measured cost, a seeded sampled sequence's fixed one
+    cost: Callable[[], float]  # RowCost.planner: the machine's cost now, a seeded sampled sequence's fixed one
     kind: int = 0  # the kind of the draft in flight (0: none)
     drafted: int = 0  # its depth
 
@@ -186,7 +186,7 @@ class Suffix(BaseDrafter):
         seeded = seq.sampling.seeded
         local = TokenIndex(self.config.max_match, self.config.candidates)
         local.extend(seq.tokens)
-        seq.state = _State(local, not seeded, Learned() if seeded else self.learned, self._cost.planned(seeded))
+        seq.state = _State(local, not seeded, Learned() if seeded else self.learned, self._cost.planner(seeded))
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return [self._draft_one(seq) for seq in seqs]
@@ -234,7 +234,7 @@ class Suffix(BaseDrafter):
         kind = kind_of(match)
         rates = state.learned.rates[kind]
         reach = _cumulative(rates.rate(j) for j in range(1, depth + 1))
-        taken = select_nodes(trie, len(continuations), reach, state.row_cost, c.nodes, c.min_prob)
+        taken = select_nodes(trie, len(continuations), reach, state.cost(), c.nodes, c.min_prob)
         firsts = [i for i, node in enumerate(trie) if node.parent < 0 and node.count >= c.min_prob * len(continuations)]
         expected = sum(reach[trie[i].depth - 1] * trie[i].count for i in taken) / len(continuations)
         from_store = any(index is self.store.index and positions for index, positions in found)

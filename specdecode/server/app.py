@@ -107,6 +107,8 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0, pause_on_time=False)
     engine = Engine(target, router, spec, max_batch=config.max_batch)
     metrics = ServerMetrics()
+    if target.device.type == "cpu":
+        metrics.watch_row_cost(target.row_costs.peek)
     for drafter in drafters.values():
         if isinstance(drafter, Suffix):  # its store's size and hits on /metrics
             metrics.watch_store(drafter.stats)

@@ -60,8 +60,18 @@ class ServerMetrics:
         self.batch_size = Histogram("specdecode_batch_size", "Rows per step", buckets=(1, 2, 4, 8, 16, 32, 64),
                                     registry=r)
         self.k_cap = Gauge("specdecode_speculation_k_cap", "Draft length cap chosen for the last step", registry=r)
+        self.speculation_off = Counter("specdecode_speculation_off_steps",
+                                       "Steps whose draft length cap was 0: the cost table found no draft worth its "
+                                       "verify rows at this batch size", registry=r)
+        self.row_cost = Gauge("specdecode_row_cost",
+                              "One more verify row, in one-token passes, as the drafters plan with it now (CPU; "
+                              "NaN until first measured)", registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for a batch row", registry=r)
         self.active = Gauge("specdecode_active_sequences", "Sequences in the batch", registry=r)
+
+    def watch_row_cost(self, current: Callable[[], float | None]) -> None:
+        """Read the target's row cost estimate at scrape time (never measuring: pass_costs.RowCostEstimate.peek)."""
+        self.row_cost.set_function(lambda: float("nan") if (value := current()) is None else value)
 
     def watch(self, queued: Callable[[], int], active: Callable[[], int]) -> None:
         """Read the queue depth and batch size live at scrape time."""

@@ -451,6 +451,8 @@ class Scheduler:
     def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
         cap = self.last_k_cap = self._choose_cap(slots)
         self.metrics.k_cap.set(min(cap, 1 << 10))
+        if cap == 0:
+            self.metrics.speculation_off.inc()
         lengths = {slot.seq.ctx.seq_id: slot.length for slot in slots}
 
         def draft_len(seq: Sequence) -> int:

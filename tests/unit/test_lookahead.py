@@ -245,7 +245,7 @@ def test_row_cost_from_the_config_or_the_target():
     assert Lookahead().row_cost == 0.0  # a bare drafter: rows are free
     assert Lookahead(LookaheadConfig(row_cost=0.5)).row_cost == 0.5
     target = tiny_target()
-    target.row_cost = 0.13  # (the cached measurement, set by hand)
+    target.row_costs.measure = lambda: 0.13  # (the measurement, set by hand)
     assert build_drafter(target, DrafterConfig("lookahead")).row_cost == 0.13
     assert build_drafter(target, DrafterConfig("lookahead", row_cost=0.5)).row_cost == 0.5
     with pytest.raises(ConfigError):

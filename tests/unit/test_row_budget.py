@@ -109,8 +109,9 @@ def test_row_cost_is_measured_by_the_thread_that_first_reads_it():
     assert target.threads == []
     seq = SequenceContext(0, [1, 2, 3, 1, 2], 0, 3, SamplingConfig(), torch.Generator())
     built.start(seq)
-    assert target.threads == [threading.current_thread()] and built.row_cost == 0.13
-    assert built.propose([seq]) and len(target.threads) == 1  # read once
+    assert built.propose([seq]) and target.threads == [threading.current_thread()]
+    built.propose([seq])
+    assert len(target.threads) == 2  # read at every plan: the cost follows the machine (RowCostEstimate)
 
 
 class _TimedTarget:
@@ -217,3 +218,17 @@ def test_chain_walk_reads_a_measured_curve():
     assert (best, line) == (2, 4)
     assert _walk(curve, 0.1, [0.9] * 8) == best
     assert _walk([1.0, 1.3], 0.1, [0.9] * 8) == line
+
+
+def test_a_sequence_plans_with_the_cost_as_it_is_now():
+    """A cost that falls mid-sequence (a busy machine that calmed down) lets the same sequence draft deeper."""
+    class Changing:
+        row_cost = 5.0
+
+    target = Changing()
+    drafter = PromptLookup(row_cost=row_cost_for(target))
+    seq = SequenceContext(0, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3], 0, 4, SamplingConfig(), torch.Generator())
+    drafter.start(seq)
+    assert len(drafter.propose([seq])[0]) <= 1  # rows cost five passes each: nothing (or a one-token probe)
+    target.row_cost = 0.13
+    assert len(drafter.propose([seq])[0]) == 4  # a three-token match: all of it

@@ -22,10 +22,11 @@ MAX_BACKOFF = 8  # probe intervals double up to this many times probe_every
 
 
 class RowCost:
-    """One more verify row, in one-token passes, as a drafter plans with it: `configured`, else the target's
-    measured cost (Target.row_cost), else 0 (a bare drafter: rows are free).
+    """One more verify row, in one-token passes, as a drafter plans with it: `configured`, else the target's cost
+    as the machine runs now (Target.row_cost, read at every plan: pass_costs.RowCostEstimate), else 0 (a bare
+    drafter: rows are free).
 
-    The target's cost is measured when first read, not when the drafter is built: the first read is a
+    The target's cost is first measured when first read, not when the drafter is built: the first read is a
     drafter's first step, on the thread that decodes. Timings taken on a loading thread
     (backends/cpu/own_thread.py) while another thread of the process holds an OpenMP team are wrong: idle workers
     then sleep between parallel regions, which slows a one-token pass more than a wide one. A second
@@ -34,13 +35,16 @@ class RowCost:
 
     def __init__(self, target=None, configured: float | None = None):
         self.target, self.configured = target, configured
-        self._value = configured if configured is not None or target is not None else 0.0
 
     @property
     def value(self) -> float:
-        if self._value is None:
-            self._value = self.target.row_cost
-        return self._value
+        if self.configured is not None:
+            return self.configured
+        return self.target.row_cost if self.target is not None else 0.0
+
+    def planner(self, seeded: bool) -> Callable[[], float]:
+        """`planned` for one sequence, to read at every plan."""
+        return lambda: self.planned(seeded)
 
     def planned(self, seeded: bool) -> float:
         """The cost a sequence plans with: a seeded sampled one (SamplingConfig.seeded) never the measured
@@ -146,10 +150,17 @@ class DepthYield:
 class DepthPolicy:
     """DepthYield per kind of proposal plus probing: the depth to draft for a proposal of a kind."""
 
-    def __init__(self, priors: dict, row_cost: float, probe_every: int = 8):
+    def __init__(self, priors: dict, row_cost: float | Callable[[], float], probe_every: int = 8):
+        """row_cost: the cost to plan with, or where to read it at every plan (RowCost.planned: it follows the
+        machine)."""
         self.kinds = {kind: DepthYield(rates) for kind, rates in priors.items()}
         self.probes = {kind: Probe() for kind in priors}
-        self.row_cost, self.probe_every = row_cost, probe_every
+        self._cost = row_cost if callable(row_cost) else (lambda: row_cost)
+        self.probe_every = probe_every
+
+    @property
+    def row_cost(self) -> float:
+        return self._cost()
 
     def depth(self, kind, available: int) -> int:
         """Depth to draft of `available` tokens of this kind: the best by the rates, or 1 when a probe is due."""
