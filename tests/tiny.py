@@ -3,7 +3,15 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -52,6 +60,45 @@ def tiny_llama(vocab_size: int = 259, layers: int = 4, hidden: int = 64, seed: i
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
+    return model.eval()
+
+
+def tiny_gemma3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: int = 0, std: float = 0.3,
+                window: int = 8, eos_token_id: int | None = 2) -> Gemma3ForCausalLM:
+    """A random Gemma 3: sandwich norms stored as w - 1, per-head q/k norms, a GELU-gated MLP, its own attention
+    scale, a scaled embedding tied to the head, and sliding-window layers (a window of `window` tokens, so short
+    prompts already reach past it) around a full-attention one with its own rotary table. The norm weights are
+    random (the model's own initialisation makes every (1 + w) one)."""
+    kinds = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=window,
+        layer_types=[kinds[i % len(kinds)] for i in range(layers)], max_position_embeddings=1024, pad_token_id=0,
+        bos_token_id=1, eos_token_id=eos_token_id, initializer_range=std, tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "norm" in name:
+                weight.normal_(0, 0.3)
+    return model.eval()
+
+
+def tiny_qwen3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: int = 0,
+               std: float = 0.3) -> Qwen3ForCausalLM:
+    """A random Qwen3: Llama's layer with per-head q/k norms (random weights, not the initial ones)."""
+    config = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, initializer_range=std, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "norm" in name:
+                weight.normal_(1, 0.3)
     return model.eval()
 
 

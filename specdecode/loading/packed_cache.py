@@ -25,7 +25,7 @@ from specdecode.backends.cpu import linear
 from specdecode.backends.cpu.linear import HalfEmbedding, PackedLinear
 from specdecode.loading.gguf import MANIFEST
 
-FORMAT = 1
+FORMAT = 2
 _CODE = (Path(linear.__file__),)  # the packing code: a change to it names new copies
 
 
@@ -88,7 +88,7 @@ def save(model: nn.Module, path: Path) -> bool:
             packed[name] = (module.codes, module.d, module.m, None if module.bias is None else module.bias.data)
             skip.update(f"{name}.{key}" for key in ("codes", "d", "m", "bias"))
         elif isinstance(module, HalfEmbedding):
-            half[name] = module.padding_idx
+            half[name] = (module.padding_idx, module.scale)
     tensors = {key: value for key, value in model.state_dict().items() if key not in skip}
     persistent = set(model.state_dict())
     buffers = {key: value for key, value in model.named_buffers() if key not in persistent}
@@ -127,8 +127,8 @@ def load(path: Path, source: str) -> nn.Module | None:
     tensors = dict(data["tensors"])
     for name, (codes, d, m, bias) in data["packed"].items():
         _replace(model, name, PackedLinear.from_packed(codes, d, m, bias))
-    for name, padding_idx in data["half"].items():
-        _replace(model, name, HalfEmbedding(table=tensors.pop(f"{name}.table"), padding_idx=padding_idx))
+    for name, (padding_idx, scale) in data["half"].items():
+        _replace(model, name, HalfEmbedding(table=tensors.pop(f"{name}.table"), padding_idx=padding_idx, scale=scale))
     result = model.load_state_dict(tensors, strict=False, assign=True)
     if result.unexpected_keys:
         return None

@@ -112,3 +112,22 @@ def test_writing_the_weights_later_keeps_the_packed_copy_name(tmp_path):
     assert packed_cache.path_for(str(directory), "int4", tmp_path) == before
     manifest.write_text(json.dumps({"format": 1, "source": "m.gguf", "files": {**files, "config.json": "4" * 64}}))
     assert packed_cache.path_for(str(directory), "int4", tmp_path) != before  # another model: another copy
+
+
+def test_a_packed_gemma_keeps_its_embedding_scale(tmp_path, cache_dir, tiny_tokenizer, monkeypatch):
+    """Gemma's embedding module scales what it looks up by sqrt(hidden): the half-precision table that replaces
+    it scales too, in the packed model and in its cached copy (without it the model's output is noise)."""
+    from tests.tiny import save_tiny, tiny_gemma3
+
+    model = tiny_gemma3()
+    directory = save_tiny(tmp_path / "gemma", model, tiny_tokenizer)
+    ids = torch.tensor([PROMPT])
+    want = model.model.embed_tokens(ids)  # [1, n, hidden], scaled
+    first = load_model(ModelConfig(directory, weights="int4")).model
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: 1 / 0)
+    second = load_model(ModelConfig(directory, weights="int4")).model
+    for packed in (first, second):
+        embedding = packed.get_input_embeddings()
+        assert type(embedding).__name__ == "HalfEmbedding"
+        assert torch.allclose(embedding(ids), want, rtol=1e-3, atol=0)  # the table's fp16 rounding only
+    assert torch.equal(logits(first), logits(second))

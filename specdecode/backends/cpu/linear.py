@@ -183,16 +183,19 @@ def quantize_activations(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 class HalfEmbedding(nn.Module):
     """nn.Embedding with its table in float16 (half the memory; a quantized model's input embeddings are the
-    largest float tensor left), looked up and returned in float32."""
+    largest float tensor left), looked up and returned in float32, times the embedding's own scale where it has
+    one (Gemma's embeddings are scaled by sqrt(hidden) in their module's forward)."""
 
     def __init__(self, embedding: nn.Embedding | None = None, table: torch.Tensor | None = None,
-                 padding_idx: int | None = None):
+                 padding_idx: int | None = None, scale: float | None = None):
         super().__init__()
         if embedding is not None:
             table, padding_idx = embedding.weight.detach().to(torch.float16).contiguous(), embedding.padding_idx
+            found = getattr(embedding, "embed_scale", None)
+            scale = None if found is None else float(found)
         self.register_buffer("table", table)  # [vocab, D] float16
         self.num_embeddings, self.embedding_dim = table.shape
-        self.padding_idx = padding_idx
+        self.padding_idx, self.scale = padding_idx, scale
 
     @property
     def weight(self) -> torch.Tensor:
@@ -200,7 +203,8 @@ class HalfEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # ids: [...] -> [..., D]
-        return nn.functional.embedding(ids, self.table).float()
+        looked_up = nn.functional.embedding(ids, self.table).float()
+        return looked_up if self.scale is None else looked_up * self.scale
 
 
 def pack_model(model: nn.Module, fmt: str | None = None, head_fmt: str | None = None,
