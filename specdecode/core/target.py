@@ -194,7 +194,8 @@ class Target:
         num_layers: int | None = None,  # run only the first num_layers decoder layers (layer skip)
     ) -> ForwardOutput:
         if self._packed is not None and not cache.static:
-            out = self._packed.forward(cache, rows, block.input_ids, block.positions, block.slots, block.mask,
+            out = self._packed.forward(cache, rows, block.input_ids, block.positions, block.slots,
+                                       self._layer_masks(block),
                                        keep_last=keep == "last", num_layers=num_layers, lengths=block.lengths)
             return ForwardOutput(out.logits, out.hidden if hidden else None)
         fn, q = self.model, block.input_ids.shape[1]

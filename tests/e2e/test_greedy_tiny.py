@@ -132,10 +132,12 @@ def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
     assert metrics.tau > 1.0
 
 
-@pytest.fixture(scope="module", params=["torch-int8", "int8", "int4"])
+@pytest.fixture(scope="module", params=["torch-int8", "int8", "int4", "qwen3 int4", "gemma3 int4"])
 def quantized_target(request, tiny_model, tiny_tokenizer):
     """The tiny target with quantized linear weights: torch's per-channel int8 kernel, and the packed q8 / q4
-    layers of `--weights int8` / `int4` (backends/cpu/). The quantized model IS the target."""
+    layers of `--weights int8` / `int4` (backends/cpu/); and tiny Qwen3 and Gemma 3 models (sliding-window
+    layers whose window the prompts pass) packed in int4, whose decoders run natively too. The quantized model IS
+    the target."""
     import copy
 
     from specdecode.backends.cpu import native
@@ -143,15 +145,18 @@ def quantized_target(request, tiny_model, tiny_tokenizer):
     from specdecode.core.target import Target
     from specdecode.loading.formats import apply
     from specdecode.loading.load import exact_attention
+    from tests.tiny import tiny_gemma3, tiny_qwen3
 
-    model = copy.deepcopy(tiny_model)
-    if request.param == "torch-int8":
+    arch, _, fmt = request.param.rpartition(" ")
+    model = {"qwen3": tiny_qwen3, "gemma3": tiny_gemma3}[arch]() if arch else copy.deepcopy(tiny_model)
+    if fmt == "torch-int8":
         assert quantize_linears(model)
     else:
         if native.missing():
             pytest.skip(native.missing())
-        apply(model, request.param)
+        apply(model, fmt)
         exact_attention(model)  # as load_model does for quantized weights
+        assert not arch or Target(model).packed_decoder
     return Target(model, tiny_tokenizer)
 
 

@@ -120,6 +120,46 @@ def test_first_tokens_follow_a_quantized_target(name, weights):
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) > 1e-3
 
 
+def _packed_gemma3() -> Target:
+    """A tiny Gemma 3 packed in int4 (its decoder native): sliding-window layers of 4 tokens, which PROMPT and
+    its two tokens pass."""
+    from specdecode.loading.formats import apply
+    from specdecode.loading.load import exact_attention
+    from tests.tiny import tiny_gemma3
+
+    model = tiny_gemma3(vocab_size=VOCAB, layers=3, hidden=32, seed=5, std=0.2, window=4, eos_token_id=None)
+    apply(model, "int4")
+    exact_attention(model)
+    target = Target(model)
+    assert target.packed_decoder
+    return target
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup", "suffix"])  # drawn q, one-hot q, a tree
+def test_first_tokens_follow_a_packed_gemma3_target(name):
+    from specdecode.backends.cpu import native
+
+    if native.missing():
+        pytest.skip(native.missing())
+    gemma = _packed_gemma3()
+    spec = SpecConfig(k=2)
+    engine = Engine(gemma, build(name, gemma, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(gemma)) > 1e-3
+
+
+def test_broken_verifier_is_detected_on_a_packed_gemma3_target(monkeypatch):
+    """The Gemma 3 test above can fail: with the residual replaced by p it rejects."""
+    from specdecode.backends.cpu import native
+
+    if native.missing():
+        pytest.skip(native.missing())
+    gemma = _packed_gemma3()
+    spec = SpecConfig(k=2)
+    monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
+    engine = Engine(gemma, build("draft-model", gemma, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(gemma)) < 1e-4
+
+
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
 def test_broken_verifier_is_detected_on_an_int4_target(name, monkeypatch):
     """The quantized-target test above can fail: with the residual replaced by p it rejects."""

@@ -12,7 +12,7 @@ from specdecode.core.target import Target
 from specdecode.core.trees import build_block
 from specdecode.errors import ConfigError
 from specdecode.loading.formats import apply
-from tests.tiny import tiny_llama
+from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen3
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
 
@@ -47,10 +47,10 @@ def llama_heads(hidden: int, heads: int, kv_heads: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2}
+MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
 HEAD_LAYOUTS = {**MODELS, "head_dim 64": lambda: llama_heads(256, 4, 2), "head_dim 12": lambda: llama_heads(96, 8, 2)}
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
-LONG_PROMPT = [(7 * i + 3) % 250 + 3 for i in range(45)]
+LONG_PROMPT = [(7 * i + 3) % 250 + 3 for i in range(45)]  # past tiny_gemma3's window of 8 tokens, as PROMPT is
 
 
 def prefill(target: Target, ids: list[int], **kwargs):
@@ -199,3 +199,27 @@ def test_the_rotary_table_holds_what_the_module_returns():
     rescaled = copy.deepcopy(tiny_llama().model.rotary_emb)
     rescaled.rope_type = "dynamic"
     assert not RotaryTable(rescaled).exact
+
+
+def test_gemma_layers_read_their_own_rotary_table():
+    """Gemma 3's rotary module holds a table per layer type (sliding layers rotate at theta 10,000, full ones at
+    a million): each table is that type's, bit for bit."""
+    from specdecode.backends.cpu.decoder import RotaryTable
+
+    rotary, positions = tiny_gemma3().model.rotary_emb, torch.tensor([[0, 3, 40, 700]])
+    tables = {kind: RotaryTable(rotary, kind)(positions) for kind in ("sliding_attention", "full_attention")}
+    for kind, (cos, sin) in tables.items():
+        want_cos, want_sin = rotary(torch.empty(1), positions, kind)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    assert not torch.equal(tables["sliding_attention"][0], tables["full_attention"][0])
+
+
+def test_sliding_window_layers_see_their_window_only():
+    """The match above holds past the window because sliding layers read the windowed mask: given the full
+    mask instead, the native model is another model (the test can fail)."""
+    model = packed(tiny_gemma3(), "int8")
+    native_target, own = Target(model), Target(model, packed_decoder=False)
+    native_target._layer_masks = lambda block: block.mask
+    _, ours = prefill(native_target, LONG_PROMPT, hidden=True)
+    _, theirs = prefill(own, LONG_PROMPT, hidden=True)
+    assert (ours.hidden - theirs.hidden).abs().max() > 0.1 * theirs.hidden.abs().max()

@@ -7,7 +7,9 @@ than reading the weights (SmolLM2 135M int4: most of a pass, several times what 
 model's own modules, and the rotary values are its module's (`RotaryTable`); the final norm is computed as the
 layers' norms are; what layers.c replaces is exactly a Llama / Qwen2 decoder layer (RMSNorm, q/k/v with optional
 bias, rotate-half RoPE, grouped-query attention, o, RMSNorm, SiLU-gated MLP), read from the model's modules, never
-copied.
+copied, and the same layer with what Qwen3 and Gemma 3 add (FAMILIES): per-head q/k norms, Gemma's norms of each
+block's output, its GELU-gated MLP, (1 + w) norm weights and attention scale, and its sliding-window layers, which
+read a windowed copy of the pass's mask (Target._layer_masks) and their own rotary table.
 
 A row's arithmetic does not depend on the rest of its pass (layers.c), so the packed model decodes to the same
 tokens whether a token is verified alone or in a tree; transformers' forward on the same modules is the same
@@ -25,7 +27,21 @@ from specdecode.backends.cpu import native
 from specdecode.backends.cpu.linear import BLOCK, PackedLinear
 from specdecode.backends.cpu.share import CpuShare
 
-ARCHITECTURES = ("llama", "qwen2")
+
+@dataclass(frozen=True)
+class Family:
+    """How one architecture's decoder layer differs from Llama's, for layers.c."""
+
+    norm_offset: float = 0.0  # an RMSNorm's weight is (offset + w): Gemma stores w - 1
+    sandwich: bool = False  # norms of the attention's and the MLP's outputs (post_attention_layernorm is one)
+    qk_norm: bool = False  # per-head RMS norms of queries and keys (self_attn.q_norm / k_norm)
+
+
+FAMILIES = {"llama": Family(), "qwen2": Family(), "qwen3": Family(qk_norm=True),
+            "gemma3_text": Family(norm_offset=1.0, sandwich=True, qk_norm=True)}
+ARCHITECTURES = tuple(FAMILIES)
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layers.c's decoder_layer_t.gelu
+LAYER_KINDS = ("full_attention", "sliding_attention")  # decoder_layer_t.kind: which mask and rotary table
 _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
@@ -38,7 +54,9 @@ class _Layer(ctypes.Structure):
     _fields_ = [*((name, _QLinear) for name in _PROJECTIONS), ("norm_in", ctypes.c_void_p),
                 ("norm_post", ctypes.c_void_p), ("eps", ctypes.c_float), ("heads", ctypes.c_int64),
                 ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("hidden", ctypes.c_int64),
-                ("inter", ctypes.c_int64), ("kv_half", ctypes.c_int64)]
+                ("inter", ctypes.c_int64), ("kv_half", ctypes.c_int64), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("norm_attn_out", ctypes.c_void_p), ("norm_mlp_out", ctypes.c_void_p),
+                ("scale", ctypes.c_float), ("gelu", ctypes.c_int64), ("kind", ctypes.c_int64)]
 
 
 class _Scratch(ctypes.Structure):
@@ -50,12 +68,17 @@ def unsupported(model: nn.Module) -> str | None:
     config = model.config
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         return f"architecture {getattr(config, 'model_type', None)!r} is not one of {', '.join(ARCHITECTURES)}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r} is not silu"
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
-        return "the model has sliding-window layers"
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        return "the model uses a sliding window"
+    activation = _activation(config)
+    if activation not in ACTIVATIONS:
+        return f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}"
+    if any(kind not in LAYER_KINDS for kind in getattr(config, "layer_types", None) or ()):
+        return f"layer types {sorted(set(config.layer_types) - set(LAYER_KINDS))} are not {' or '.join(LAYER_KINDS)}"
+    if not getattr(config, "layer_types", None) and getattr(config, "use_sliding_window", False) \
+            and getattr(config, "sliding_window", None):
+        return "the model uses a sliding window without per-layer types"
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, cap, None) is not None:
+            return f"the model uses {cap}"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "the model has no decoder layer list or rotary embedding"
@@ -65,6 +88,10 @@ def unsupported(model: nn.Module) -> str | None:
         if not all(isinstance(linear, PackedLinear) for linear in linears):
             return "not every decoder linear layer is packed"
     return native.missing()
+
+
+def _activation(config) -> str:
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
 
 
 def _qlinear(linear: PackedLinear) -> _QLinear:
@@ -85,9 +112,11 @@ class RotaryTable:
 
     STATIC = ("default", "linear", "llama3")  # rope types whose frequencies do not depend on the sequence
 
-    def __init__(self, rotary: nn.Module):
-        self.rotary = rotary
-        self.exact = getattr(rotary, "rope_type", "default") in self.STATIC
+    def __init__(self, rotary: nn.Module, layer_type: str | None = None):
+        """layer_type: which of the module's tables (Gemma 3's rotary module holds one per layer type)."""
+        self.rotary, self.layer_type = rotary, layer_type
+        rope_type = getattr(rotary, "rope_type", "default")
+        self.exact = (rope_type.get(layer_type) if isinstance(rope_type, dict) else rope_type) in self.STATIC
         self.cos = self.sin = torch.empty(0)  # [positions, head_dim]
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +131,8 @@ class RotaryTable:
         return self.cos[positions], self.sin[positions]
 
     def _module(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.rotary(torch.empty(1, dtype=torch.float32), positions)
+        kind = {} if self.layer_type is None else {"layer_type": self.layer_type}
+        cos, sin = self.rotary(torch.empty(1, dtype=torch.float32), positions, **kind)
         return cos.float().contiguous(), sin.float().contiguous()
 
     def _grow(self, size: int) -> None:
@@ -137,36 +167,56 @@ class PackedDecoder:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.hidden, self.inter = config.hidden_size, config.intermediate_size
+        self.family = FAMILIES[config.model_type]
+        self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * len(inner.layers))
         self._keep: list[torch.Tensor] = []  # norm weights in float32, alive as long as the structs point at them
-        self.layers = [self._layer(layer, config) for layer in inner.layers]
+        self.layers = [self._layer(layer, config, kind) for layer, kind in zip(inner.layers, self.layer_types)]
         self._layer_table = (ctypes.c_void_p * len(self.layers))(*map(ctypes.addressof, self.layers))  # for C
-        norm = self.norm.weight.detach().float().contiguous()
-        self._keep.append(norm)
-        self._norm_weight = norm
-        self._norm_eps = getattr(self.norm, "variance_epsilon", None) or config.rms_norm_eps
-        self.rope = RotaryTable(self.rotary)
+        self._norm_weight = self._norm(self.norm)
+        self._norm_eps = _eps(self.norm, config)
+        typed = isinstance(getattr(self.rotary, "rope_type", None), dict)  # one table per layer type (Gemma 3)
+        self.ropes = {kind: RotaryTable(self.rotary, kind if typed else None) for kind in set(self.layer_types)}
         self._small: tuple[_Scratch, list[torch.Tensor]] | None = None
         self._lib = native.library()
         self.share = CpuShare(torch.get_num_threads)  # threads per pass, fewer while other processes hold cores
 
-    def _layer(self, layer: nn.Module, config) -> _Layer:
-        attention, mlp = layer.self_attn, layer.mlp
-        norms = [norm.weight.detach().float().contiguous() for norm in (layer.input_layernorm,
-                                                                         layer.post_attention_layernorm)]
-        self._keep.extend(norms)
+    def _norm(self, norm: nn.Module | None) -> torch.Tensor | None:
+        """An RMSNorm's weight as layers.c multiplies by it, float32 (kept alive here); None for no norm."""
+        if norm is None:
+            return None
+        weight = (norm.weight.detach().float() + self.family.norm_offset).contiguous()
+        self._keep.append(weight)
+        return weight
+
+    def _layer(self, layer: nn.Module, config, kind: str) -> _Layer:
+        attention, mlp, family = layer.self_attn, layer.mlp, self.family
+        if family.sandwich:  # Gemma: post_attention_layernorm is the attention output's; the MLP's input has its own
+            norm_post, attn_out, mlp_out = (layer.pre_feedforward_layernorm, layer.post_attention_layernorm,
+                                            layer.post_feedforward_layernorm)
+        else:
+            norm_post, attn_out, mlp_out = layer.post_attention_layernorm, None, None
+        q_norm, k_norm = (attention.q_norm, attention.k_norm) if family.qk_norm else (None, None)
+        pointers = {name: 0 if weight is None else weight.data_ptr() for name, weight in (
+            ("norm_in", self._norm(layer.input_layernorm)), ("norm_post", self._norm(norm_post)),
+            ("norm_attn_out", self._norm(attn_out)), ("norm_mlp_out", self._norm(mlp_out)),
+            ("q_norm", self._norm(q_norm)), ("k_norm", self._norm(k_norm)))}
         projections = {p: _qlinear(getattr(attention, f"{p}_proj")) for p in ("q", "k", "v", "o")}
         projections.update({p: _qlinear(getattr(mlp, f"{p}_proj")) for p in ("gate", "up", "down")})
-        eps = getattr(layer.input_layernorm, "variance_epsilon", None) or config.rms_norm_eps
-        return _Layer(**projections, norm_in=norms[0].data_ptr(), norm_post=norms[1].data_ptr(), eps=eps,
-                      heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, hidden=self.hidden,
-                      inter=self.inter, kv_half=int(self.kv_dtype == torch.float16))
+        scale = getattr(attention, "scaling", None) or self.head_dim ** -0.5
+        return _Layer(**projections, **pointers, eps=_eps(layer.input_layernorm, config), heads=self.heads,
+                      kv_heads=self.kv_heads, head_dim=self.head_dim, hidden=self.hidden, inter=self.inter,
+                      kv_half=int(self.kv_dtype == torch.float16), scale=scale,
+                      gelu=ACTIVATIONS[_activation(config)], kind=LAYER_KINDS.index(kind))
 
     @torch.inference_mode()
     def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, mask: torch.Tensor, keep_last: bool = False,
+                slots: torch.Tensor, mask: torch.Tensor | dict[str, torch.Tensor], keep_last: bool = False,
                 num_layers: int | None = None, lengths: tuple[int, ...] | None = None) -> DecoderOutput:
-        # input_ids, positions, slots: [b, q]; mask: [b, 1, q, kv_len] bool (True = visible)
+        # input_ids, positions, slots: [b, q]; mask: [b, 1, q, kv_len] bool (True = visible), or one per layer type
+        # (Target._layer_masks: sliding-window layers see a windowed copy)
         # lengths: row b's real tokens (the first lengths[b]; the rest is padding, not computed); None: all q
+        masks = mask if isinstance(mask, dict) else {kind: mask for kind in LAYER_KINDS}
+        mask = masks["full_attention"] if "full_attention" in masks else next(iter(masks.values()))
         b, q = input_ids.shape
         kv_len = mask.shape[-1]
         lengths = tuple(lengths) if lengths is not None else (q,) * b
@@ -179,9 +229,14 @@ class PackedDecoder:
 
         x = flat(self.embed(input_ids).float())  # [R, hidden]
         rows_total = x.shape[0]
-        cos, sin = (flat(t) for t in self.rope(positions))  # [R, head_dim] each
+        tables = {kind: [flat(t) for t in rope(positions)] for kind, rope in self.ropes.items()}  # [R, head_dim]
         slot_list = flat(slots.to(torch.int64))  # [R]
-        visible = flat(mask[:, 0]).view(torch.uint8)  # [R, kv_len]
+        visible = {kind: flat(masks.get(kind, mask)[:, 0]).view(torch.uint8) for kind in self.ropes}  # [R, kv_len]
+        used = [tables.get(kind) or next(iter(tables.values())) for kind in LAYER_KINDS]
+        cos = (ctypes.c_void_p * 2)(*(c.data_ptr() for c, _ in used))
+        sin = (ctypes.c_void_p * 2)(*(s.data_ptr() for _, s in used))
+        seen = (ctypes.c_void_p * 2)(*(visible.get(kind, next(iter(visible.values()))).data_ptr()
+                                       for kind in LAYER_KINDS))
         ends = [int(slots[i, n - 1]) + 1 for i, n in enumerate(lengths)]
         cache.prepare(rows, slots, kv_len)
         if b == 1:
@@ -191,8 +246,9 @@ class PackedDecoder:
         layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
         pointers = cache.row_pointers(len(layers), ends, like)  # [layers, 3, b]: keys, values, capacities
         self._lib.decoder_layers(self._layer_table, len(layers), x.data_ptr(), rows_total, b, starts.data_ptr(),
-                                 cos.data_ptr(), sin.data_ptr(), pointers.data_ptr(), slot_list.data_ptr(),
-                                 visible.data_ptr(), kv_len, ctypes.addressof(scratch), threads)
+                                 ctypes.addressof(cos), ctypes.addressof(sin), pointers.data_ptr(),
+                                 slot_list.data_ptr(), ctypes.addressof(seen), kv_len,
+                                 ctypes.addressof(scratch), threads)
         states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' is slow after the kernels)
         self._lib.rms_norm_rows(x.data_ptr(), self._norm_weight.data_ptr(), self._norm_eps, rows_total, self.hidden,
                                 states.data_ptr())
@@ -236,3 +292,7 @@ class PackedDecoder:
             "u": torch.empty(rows, self.inter), "out": torch.empty(rows, self.hidden),
         }
         return _Scratch(**{name: t.data_ptr() for name, t in tensors.items()}), list(tensors.values())
+
+
+def _eps(norm: nn.Module, config) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or config.rms_norm_eps

@@ -1,10 +1,14 @@
-/* One decoder layer of a Llama-family model (Llama, Qwen2) over packed weights, in one call.
+/* One decoder layer of a Llama-family model (Llama, Qwen2, Qwen3, Gemma 3) over packed weights, in one call.
 
 transformers' eager layer is ~50 small torch operations and seven linear layers, each a Python call that
 quantizes its own input: at a one-token pass that dispatch is most of the time for a small model (SmolLM2 135M:
 ~40 ms a pass, of which the packed weights take ~6). Here a layer is one call: the input is quantized once
 per use (q/k/v share it, gate/up share it), and norms, rotary embedding, attention and the gated MLP are plain
-loops over the rows.
+loops over the rows. What the families add to Llama's layer is optional per layer: q/k/v biases (Qwen2), an RMS
+norm of each head's query and key before the rotary (Qwen3, Gemma 3), norms of the attention's and the MLP's
+outputs before their residual adds (Gemma 3's "sandwich"), a GELU-gated MLP (Gemma 3), an attention scale of the
+model's own, and a second mask and rotary table for sliding-window layers (Gemma 3: the caller's mask hides the
+slots outside the window, so a tree's nodes see the window plain decoding sees).
 
 Every row's arithmetic is its own, in a fixed order: the linear layers' rows are independent (kernels.c) and
 a row attends over exactly the cache slots its mask shows, in slot order, with one softmax per head. So a
@@ -42,6 +46,11 @@ typedef struct {
     float eps;
     int64_t heads, kv_heads, head_dim, hidden, inter;
     int64_t kv_half; /* 1: the cache holds keys and values as fp16 (written rounded to nearest), else fp32 */
+    const float *q_norm, *k_norm; /* [head_dim] or NULL: RMS norm of each head's query / key before the rotary */
+    const float *norm_attn_out, *norm_mlp_out; /* [hidden] or NULL: norms of the blocks' outputs (Gemma 3) */
+    float scale;  /* attention scores' scale (head_dim^-0.5 for most models) */
+    int64_t gelu; /* 1: the MLP's gate is GELU (tanh approximation), else SiLU */
+    int64_t kind; /* which of decoder_layers' masks and rotary tables: 0 full attention, 1 sliding window */
 } decoder_layer_t;
 
 typedef struct { /* per-pass scratch, sized by the caller for R rows */
@@ -244,6 +253,24 @@ static void silu_mul(float *g, const float *u, int64_t rows, int64_t n) {
     }
 }
 
+/* g[i] = gelu(g[i]) * u[i] with GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), as
+transformers' gelu_pytorch_tanh; tanh(y) = sign(y) (1 - e^-2|y|) / (1 + e^-2|y|) through exp8, 8 at a time (n a
+multiple of 8, as silu_mul) */
+static void gelu_mul(float *g, const float *u, int64_t rows, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 c0 = _mm256_set1_ps(0.7978845608028654f), c1 = _mm256_set1_ps(0.044715f);
+    const __m256 minus2 = _mm256_set1_ps(-2.0f);
+    for (int64_t i = 0; i < rows * n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 y = _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_mul_ps(c1, x), _mm256_mul_ps(x, x), x));
+        const __m256 e = exp8(_mm256_mul_ps(minus2, _mm256_andnot_ps(sign, y))); /* e^-2|y| */
+        const __m256 t = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+        const __m256 tanh_y = _mm256_or_ps(t, _mm256_and_ps(sign, y));
+        const __m256 gelu = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh_y));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(u + i)));
+    }
+}
+
 static inline int sees8(const uint8_t *visible) { /* all of 8 mask bytes (0 or 1) set */
     uint64_t v;
     memcpy(&v, visible, 8);
@@ -309,7 +336,7 @@ static inline __attribute__((always_inline)) void attend_unit(const decoder_laye
                                                               const void *values, const uint8_t *mask, int64_t kv_len,
                                                               float *scores, int64_t *used, const int half) {
     const int64_t heads = L->heads, d = L->head_dim, nh = h1 - h0, queries = (r1 - r0) * nh;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = L->scale;
     const int64_t end = seen_end(mask, kv_len, r0, r1);
     for (int64_t i = 0; i < queries; i++) used[i] = 0;
     for (int64_t j = 0; j < end; j += 8) { /* scores */
@@ -444,6 +471,8 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
     linear(&L->q, s, rows, s->q, threads);
     linear(&L->k, s, rows, s->k, threads);
     linear(&L->v, s, rows, s->v, threads);
+    if (L->q_norm) rms_norm(s->q, L->q_norm, L->eps, rows * L->heads, d, s->q); /* in place: a head at a time */
+    if (L->k_norm) rms_norm(s->k, L->k_norm, L->eps, rows * L->kv_heads, d, s->k);
     rotary(s->q, cos, sin, rows, L->heads, d);
     rotary(s->k, cos, sin, rows, L->kv_heads, d);
     for (int64_t b = 0; b < batch; b++) /* write this pass's keys and values before anyone reads them */
@@ -456,6 +485,7 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
     attend(L, s, batch, starts, kbase, vbase, cap, mask, kv_len, threads);
     quantize_activations(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);
     linear(&L->o, s, rows, s->out, threads);
+    if (L->norm_attn_out) rms_norm(s->out, L->norm_attn_out, L->eps, rows, H, s->out);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
     /* gated MLP */
     rms_norm(x, L->norm_post, L->eps, rows, H, s->h);
@@ -463,20 +493,27 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
     linear(&L->gate, s, rows, s->g, threads);
     linear(&L->up, s, rows, s->u, threads);
     const int64_t I = L->inter;
-    silu_mul(s->g, s->u, rows, I);
+    if (L->gelu)
+        gelu_mul(s->g, s->u, rows, I);
+    else
+        silu_mul(s->g, s->u, rows, I);
     quantize_activations(s->g, rows, I, s->xq, s->xd, s->xs);
     linear(&L->down, s, rows, s->out, threads);
+    if (L->norm_mlp_out) rms_norm(s->out, L->norm_mlp_out, L->eps, rows, H, s->out);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
 }
 
 /* Layers L[0..n) in turn, one call from Python rather than n (each a ctypes call of 15 arguments); pointers:
-[n, 3, batch] per layer its rows' key buffers, value buffers and capacities (RollbackCache.row_pointers). */
+[n, 3, batch] per layer its rows' key buffers, value buffers and capacities (RollbackCache.row_pointers); cos,
+sin, mask: per layer kind (decoder_layer_t.kind) its rotary table [R, head_dim] and mask [R, kv_len]. */
 void decoder_layers(const decoder_layer_t *const *L, int64_t n, float *x, int64_t rows, int64_t batch,
-                    const int64_t *starts, const float *cos, const float *sin, void *const *pointers,
-                    const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s, int64_t threads) {
+                    const int64_t *starts, const float *const *cos, const float *const *sin, void *const *pointers,
+                    const int64_t *slot, const uint8_t *const *mask, int64_t kv_len, const scratch_t *s,
+                    int64_t threads) {
     for (int64_t i = 0; i < n; i++) {
         void *const *at = pointers + 3 * i * batch;
-        decoder_layer(L[i], x, rows, batch, starts, cos, sin, at, at + batch, (const int64_t *)(at + 2 * batch), slot,
-                      mask, kv_len, s, threads);
+        const int64_t kind = L[i]->kind;
+        decoder_layer(L[i], x, rows, batch, starts, cos[kind], sin[kind], at, at + batch,
+                      (const int64_t *)(at + 2 * batch), slot, mask[kind], kv_len, s, threads);
     }
 }
