@@ -148,9 +148,14 @@ class RowCostEstimate:
             return None
         return self._last[1]
 
-    def _from_passes(self, now: float) -> float | None:
+    def recent(self, now: float | None = None) -> list[tuple[int, float]]:
+        """(width, seconds) of the passes of the last window_s seconds."""
+        now = self.clock() if now is None else now
         with self._lock:
-            recent = [(width, seconds) for when, width, seconds in self._passes if now - when <= self.window_s]
+            return [(width, seconds) for when, width, seconds in self._passes if now - when <= self.window_s]
+
+    def _from_passes(self, now: float) -> float | None:
+        recent = self.recent(now)
         by_width: dict[int, list[float]] = {}
         for width, seconds in recent:
             by_width.setdefault(width, []).append(seconds)
@@ -163,3 +168,52 @@ class RowCostEstimate:
         if not wider:
             return None
         return max(0.0, sum(n * cost for n, cost in wider) / sum(n for n, _ in wider))
+
+
+@dataclass
+class ChainCostEstimate:
+    """A draft model's chain costs (measure_chain_costs' pair: one draft pass, and the verify curve, in the
+    target's one-token passes) as the machine runs now. The verify curve is the measurement's: a ratio between
+    target passes, which a busy minute leaves alone (RowCostEstimate's reason). The draft pass is followed: the
+    median of the draft's recent passes over the target's recent one-token pass, which each recent target pass
+    tells through the curve (t_w / verify[w - 1]; while drafting pays, the target's passes are verify passes). A
+    small draft's many short passes suffer from a busy core more than the target's longer ones (each ends in
+    its threads' barrier), so a draft priced at load goes on drafting where it no longer pays. Without
+    min_samples of both in the window, the measurement stands."""
+
+    measure: Callable[[], tuple[float, Sequence[float]]]
+    target_passes: RowCostEstimate
+    min_samples: int = 4
+    _measured: tuple[float, list[float]] | None = field(default=None, repr=False)
+    _drafts: deque[tuple[float, float]] = field(default_factory=deque, repr=False)  # (when, seconds)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def observe_draft(self, seconds: float) -> None:
+        """One draft pass of one token took `seconds`."""
+        if not seconds > 0:
+            return
+        with self._lock:
+            self._drafts.append((self.target_passes.clock(), seconds))
+            while len(self._drafts) > self.target_passes.keep:
+                self._drafts.popleft()
+
+    def __call__(self) -> tuple[float, list[float]]:
+        if self._measured is None:
+            draft_pass, verify = self.measure()
+            self._measured = (draft_pass, list(verify))
+        draft_pass, verify = self._measured
+        now = self.target_passes.clock()
+        with self._lock:
+            drafts = [t for when, t in self._drafts if now - when <= self.target_passes.window_s]
+        ones = [t / _at(verify, width - 1) for width, t in self.target_passes.recent(now)]
+        if len(drafts) >= self.min_samples and len(ones) >= self.min_samples:
+            draft_pass = statistics.median(drafts) / statistics.median(ones)
+        return draft_pass, verify
+
+
+def _at(verify: Sequence[float], n: int) -> float:
+    """verify[n], past its end each row costing what its last one did (row_budget.ChainWalk's rule)."""
+    if n < len(verify):
+        return verify[n]
+    last = verify[-1] - verify[-2] if len(verify) > 1 else 0.0
+    return verify[-1] + last * (n - len(verify) + 1)

@@ -15,6 +15,7 @@ any request under the same system prompt (on a CPU a draft's prefill costs milli
 "draft-model"). Reusing them changes only which tokens are drafted, never the output."""
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import torch
 
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Draft, SequenceContext, common_prefix
-from specdecode.core.pass_costs import measure_chain_costs
+from specdecode.core.pass_costs import ChainCostEstimate, measure_chain_costs
 from specdecode.core.target import Target
 from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
 from specdecode.drafters.common.model_step import choose, feed_chain
@@ -104,7 +105,10 @@ class DraftModel(RowStateDrafter):
                 qs.append(q)
             if len(tokens) == seq.k or (walk is not None and not walk.go_on(top)):
                 break
+            began = time.perf_counter()
             logits = self._forward(state, [token])
+            if walk is not None:  # what a draft pass costs now (pass_costs.ChainCostEstimate)
+                self.budget.observe_draft(time.perf_counter() - began)
         return Draft.chain(tokens, torch.stack(qs) if qs else None)
 
 
@@ -128,7 +132,7 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftMode
     budget = None
     if target.device.type == "cpu" and not spec.confidence:  # a given threshold stops drafts instead
         depth = spec.max_k if spec.adaptive else spec.k
-        budget = ChainBudget(lambda: measure_chain_costs(draft, target, depth))
+        budget = ChainBudget(ChainCostEstimate(lambda: measure_chain_costs(draft, target, depth), target.row_costs))
     return DraftModel(draft, target, spec.confidence, budget)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.core.pass_costs import PRIOR_ROW_COST, RowCostEstimate
+from specdecode.core.pass_costs import PRIOR_ROW_COST, ChainCostEstimate, RowCostEstimate
 
 
 class Clock:
@@ -106,3 +106,44 @@ def test_the_engine_reports_its_passes(tiny_target, tiny_tokenizer):
     engine.generate(tiny_tokenizer("a b c a b c a b c a b")["input_ids"], generation=GenerationConfig(24))
     widths = {width for _, width, _ in tiny_target.row_costs._passes}
     assert widths and all(width >= 1 for width in widths)  # each pass of the generation, by its width
+
+
+def _chain(clock: Clock) -> tuple[ChainCostEstimate, RowCostEstimate]:
+    """A draft pass measured at 0.3 of a target pass, and the verify curve [1, 1.1, 1.2, 1.4] (a pass of 1 + n
+    tokens costs verify[n] one-token passes)."""
+    passes = RowCostEstimate(lambda: 0.14, clock=clock)
+    return ChainCostEstimate(lambda: (0.3, [1.0, 1.1, 1.2, 1.4]), passes), passes
+
+
+def test_a_draft_pass_is_priced_from_recent_passes_of_both_models():
+    clock = Clock()
+    chain, passes = _chain(clock)
+    assert chain() == (0.3, [1.0, 1.1, 1.2, 1.4])  # nothing observed: the measurement
+    for _ in range(6):  # the target's 3-token verify passes (1.2 one-token passes) take 24 ms: a pass is 20 ms
+        clock.now += 0.1
+        passes.observe(3, 0.024)
+        for _ in range(3):
+            chain.observe_draft(0.006)  # quiet: 0.3 of a pass
+    assert chain()[0] == pytest.approx(0.3)
+    for _ in range(48):  # a busy core: the draft's short passes slow threefold, the target's by a third
+        clock.now += 0.1
+        passes.observe(3, 0.032)
+        chain.observe_draft(0.018)
+    draft_pass, verify = chain()
+    assert draft_pass == pytest.approx(0.018 / (0.032 / 1.2)) and verify == [1.0, 1.1, 1.2, 1.4]
+
+
+def test_the_draft_price_leaves_with_its_window_and_needs_both_models():
+    clock = Clock()
+    chain, passes = _chain(clock)
+    for _ in range(6):
+        clock.now += 0.1
+        passes.observe(6, 0.036)  # past the curve's end: 1.4 + 2 x 0.2 = 1.8 one-token passes
+        chain.observe_draft(0.012)
+    assert chain()[0] == pytest.approx(0.012 / (0.036 / 1.8))
+    clock.now += passes.window_s + 1
+    assert chain()[0] == 0.3  # the window passed: the measurement again
+    for _ in range(6):
+        clock.now += 0.1
+        chain.observe_draft(0.012)  # the draft alone says nothing about what a target pass costs
+    assert chain()[0] == 0.3

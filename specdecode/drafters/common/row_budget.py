@@ -184,22 +184,27 @@ class ChainBudget:
     what its row adds (its pass is spent), and one more pass is taken while the next token, guessed as likely as
     this one, would pay for its pass and row: so the depth follows the draft's confidence and this machine's
     costs, where a fixed k or a fixed confidence threshold suits one machine (on AMX a verify row of the Qwen
-    1.5B costs little and 8 tokens pay; on AVX2 rows past 4 cost more). `costs` is called once, on first use: the
-    thread that decodes measures (RowCost's reason). measured: the costs are timed on this machine, so a seeded
-    sampled sequence must not plan with them (RowCost.planned's reason) and drafts k tokens; given costs
+    1.5B costs little and 8 tokens pay; on AVX2 rows past 4 cost more). `costs` is read at every draft's start
+    (pass_costs.ChainCostEstimate: measured on first use, on the thread that decodes, RowCost's reason; then
+    followed) and told every draft pass (`observe_draft`). measured: the costs are timed on this machine, so a
+    seeded sampled sequence must not plan with them (RowCost.planned's reason) and drafts k tokens; given costs
     (measured=False) are the same in every process and size its drafts too."""
 
     def __init__(self, costs: Callable[[], tuple[float, Sequence[float]]], measured: bool = True):
-        self._costs, self._value, self.measured = costs, None, measured
+        self._costs, self.measured = costs, measured
+
+    def observe_draft(self, seconds: float) -> None:
+        """One draft pass of one token took `seconds` (told to costs that follow the machine)."""
+        observe = getattr(self._costs, "observe_draft", None)
+        if observe is not None:
+            observe(seconds)
 
     def walk(self, seeded: bool) -> ChainWalk | None:
         """A new draft's walk; None (draft k tokens) for a seeded sampled sequence when the costs are measured."""
         return None if seeded and self.measured else self.start()
 
     def start(self) -> ChainWalk:
-        if self._value is None:
-            self._value = self._costs()
-        draft_pass, verify = self._value
+        draft_pass, verify = self._costs()
         return ChainWalk(verify, draft_pass)
 
 
