@@ -78,11 +78,7 @@ def tiny_gemma3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: 
     )
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(config)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if "norm" in name:
-                weight.normal_(0, 0.3)
-    return model.eval()
+    return _random_norms(model, mean=0.0)
 
 
 def tiny_qwen3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: int = 0,
@@ -95,10 +91,15 @@ def tiny_qwen3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: i
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
+    return _random_norms(model, mean=1.0)
+
+
+def _random_norms(model: torch.nn.Module, mean: float) -> torch.nn.Module:
+    """Every norm weight drawn around `mean` (the initial ones are all alike), in eval mode."""
     with torch.no_grad():
         for name, weight in model.named_parameters():
             if "norm" in name:
-                weight.normal_(1, 0.3)
+                weight.normal_(mean, 0.3)
     return model.eval()
 
 
