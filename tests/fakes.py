@@ -12,6 +12,16 @@ from specdecode.drafters.common.base import BaseDrafter
 FIXED_ROW_COST = 0.14
 
 
+def fixed_chain(draft_pass: float = 0.0, depth: int = 8):
+    """A draft model's ChainBudget of given costs, not the machine's (measured=False): a draft pass costing
+    `draft_pass` target passes, verify rows at FIXED_ROW_COST. Tests that assert a draft model drafts plan with
+    it, for the reason above (a busy machine can price every draft out)."""
+    from specdecode.drafters.common.row_budget import ChainBudget
+
+    verify = [1.0 + n * FIXED_ROW_COST for n in range(depth + 1)]
+    return ChainBudget(lambda: (draft_pass, verify), measured=False)
+
+
 class Oracle(BaseDrafter):
     """Proposes a chain of seq.k tokens of `truth`, the continuation after `prompt_len` tokens: the first `right`
     are the true tokens (all of them when right is None), the rest are replaced by (token + 1) % vocab. Under

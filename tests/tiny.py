@@ -120,4 +120,9 @@ def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_lay
         return entry.untrained(target, spec)
     config = DrafterConfig(name=name, draft_model=draft_dir if entry.needs_draft_model else None, exit_layer=exit_layer,
                            row_cost=row_cost, draft_weights=draft_weights, draft_vocab=draft_vocab)
-    return build_drafter(target, config, spec)
+    drafter = build_drafter(target, config, spec)
+    if getattr(drafter, "budget", None) is not None:  # a draft model: free draft passes, not the machine's costs
+        from tests.fakes import fixed_chain
+
+        drafter.budget = fixed_chain(depth=max(spec.k, spec.max_k))
+    return drafter

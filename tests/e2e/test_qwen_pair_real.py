@@ -15,6 +15,7 @@ from specdecode.core.target import Target
 from specdecode.drafters import build_drafter, none
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.loading.packages import PACKAGED, gguf_path, sha256_file
+from tests.fakes import fixed_chain
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 PROMPTS = [
@@ -40,6 +41,7 @@ def pair() -> tuple[Target, DraftModel]:
     target = Target(loaded.model, loaded.tokenizer)
     drafter = build_drafter(target, DrafterConfig(name="draft-model", draft_model=DRAFT), SpecConfig())
     assert isinstance(drafter, DraftModel)  # same tokenizer: token drafting, not the cross-tokenizer bridge
+    drafter.budget = fixed_chain(draft_pass=0.29)  # acceptance is asserted: costs not the machine's (0.29: AVX2)
     return target, drafter
 
 
