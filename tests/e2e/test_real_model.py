@@ -125,7 +125,8 @@ def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
     target = Target(int4_model.model, int4_model.tokenizer)
     spec = SpecConfig(k=4, pause_on_time=False)
     plain = Engine(target, none.SPEC.build(target, DrafterConfig(), SpecConfig()))
-    engine = Engine(target, build_drafter(target, DrafterConfig(name=name), spec), spec)
+    config = DrafterConfig(name=name, row_cost=FIXED_ROW_COST)  # drafting asserted: not the machine's costs
+    engine = Engine(target, build_drafter(target, config, spec), spec)
     proposed = 0
     for key, ids in chat_ids.items():
         reference = plain.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids

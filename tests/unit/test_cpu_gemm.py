@@ -95,7 +95,7 @@ def test_greedy_equals_plain_with_kernel_forced_on(name, tiny_model, tiny_tokeni
     target = Target(tiny_model, tiny_tokenizer, skinny_gemm=True)
     assert target.skinny_gemm
     spec = SpecConfig(k=4)
-    engine = Engine(target, tiny_drafter(target, name, spec, tiny_draft_dir), spec)
+    engine = Engine(target, tiny_drafter(target, name, spec, tiny_draft_dir, row_cost=0.0), spec)  # drafts asserted
     ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the mat. the cat")["input_ids"]
     expected = tiny_model.generate(torch.tensor([ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
                                    pad_token_id=0, eos_token_id=None)[0, len(ids):].tolist()

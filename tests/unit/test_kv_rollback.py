@@ -25,7 +25,7 @@ def test_cache_after_rejections_matches_plain(tiny_target, tiny_tokenizer):
     reference = run(plain, ids)
     truth = reference.output_ids
     for drafter in (build_drafter(tiny_target, DrafterConfig("layer-skip", exit_layer=1), SpecConfig(k=4)),
-                    build_drafter(tiny_target, DrafterConfig("prompt-lookup"), SpecConfig(k=4)),
+                    build_drafter(tiny_target, DrafterConfig("prompt-lookup", row_cost=0.0), SpecConfig(k=4)),
                     WrongThenRightTree(truth, len(ids))):
         engine = Engine(tiny_target, drafter, SpecConfig(k=4, pause_on_time=False))  # rejections asserted
         seq = run(engine, ids)
