@@ -87,3 +87,17 @@ class WrongThenRightTree(BaseDrafter):
             return Draft()
         wrong = (right[0] + 1) % 250 + 3
         return Draft((wrong, wrong, right[0], right[1]), (-1, 0, -1, 2))
+
+
+def packaged_marks(name: str, what: str) -> list:
+    """pytestmark of a slow test on the packaged model `name`: skipped, with the install line, where its
+    packages are not installed."""
+    import importlib.util
+
+    import pytest
+
+    from specdecode.loading.packages import PACKAGED
+
+    missing = any(importlib.util.find_spec(package) is None for _, package, _ in PACKAGED[name].parts)
+    return [pytest.mark.slow,
+            pytest.mark.skipif(missing, reason=f"{what} not installed: {PACKAGED[name].install_hint}")]

@@ -205,14 +205,15 @@ class ChainCostEstimate:
         now = self.target_passes.clock()
         with self._lock:
             drafts = [t for when, t in self._drafts if now - when <= self.target_passes.window_s]
-        ones = [t / _at(verify, width - 1) for width, t in self.target_passes.recent(now)]
+        ones = [t / verify_cost(verify, width - 1) for width, t in self.target_passes.recent(now)]
         if len(drafts) >= self.min_samples and len(ones) >= self.min_samples:
             draft_pass = statistics.median(drafts) / statistics.median(ones)
         return draft_pass, verify
 
 
-def _at(verify: Sequence[float], n: int) -> float:
-    """verify[n], past its end each row costing what its last one did (row_budget.ChainWalk's rule)."""
+def verify_cost(verify: Sequence[float], n: int) -> float:
+    """verify[n]: a verify pass with n drafted tokens, in one-token passes; past the curve's end each row costs
+    what its last one did (row_budget.ChainWalk prices drafts with it)."""
     if n < len(verify):
         return verify[n]
     last = verify[-1] - verify[-2] if len(verify) > 1 else 0.0

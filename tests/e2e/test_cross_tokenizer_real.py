@@ -3,8 +3,6 @@ the packaged `gemma-3-270m`) drafted by SmolLM2-135M-Instruct (49k-token byte-le
 equal plain decoding. Skipped, with the reason, when the Gemma packages are not installed."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SpecConfig
@@ -12,7 +10,7 @@ from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter, none
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
-from specdecode.loading.packages import PACKAGED
+from tests.fakes import packaged_marks
 
 GEMMA = "gemma-3-270m"
 PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat template
@@ -20,11 +18,7 @@ PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat te
     "The history of the printing press begins",
 ]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(any(importlib.util.find_spec(package) is None for _, package, _ in PACKAGED[GEMMA].parts),
-                       reason=f"Gemma 3 270M not installed: {PACKAGED[GEMMA].install_hint}"),
-]
+pytestmark = packaged_marks(GEMMA, "Gemma 3 270M")
 
 
 @pytest.fixture(scope="module")

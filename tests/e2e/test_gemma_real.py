@@ -3,8 +3,6 @@ native decoder is the model's own forward over the same packed modules up to rou
 too, and the table drafters are lossless on it. Skipped, with the reason, when its packages are not installed."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
@@ -12,7 +10,7 @@ from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.core.trees import build_block
 from specdecode.drafters import build_drafter
-from specdecode.loading.packages import PACKAGED
+from tests.fakes import packaged_marks
 
 GEMMA = "gemma-3-270m"
 PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat template
@@ -21,11 +19,7 @@ PROMPTS = [  # completion prompts: the GGUF is the base model and has no chat te
 ]
 NEW_TOKENS = 48
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(any(importlib.util.find_spec(package) is None for _, package, _ in PACKAGED[GEMMA].parts),
-                       reason=f"Gemma 3 270M not installed: {PACKAGED[GEMMA].install_hint}"),
-]
+pytestmark = packaged_marks(GEMMA, "Gemma 3 270M")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from specdecode.core.pass_costs import verify_cost
+
 PRIOR_TRIES = 2  # weight of the prior rates, in proposals: a fresh sequence's own results soon outweigh them
 MAX_BACKOFF = 8  # probe intervals double up to this many times probe_every
 
@@ -217,17 +219,10 @@ class ChainWalk:
         self.verify, self.draft_pass = list(verify), draft_pass
         self.reach, self.tokens, self.kept, self.drafting = 1.0, 1.0, 0, draft_pass
 
-    def _verify(self, n: int) -> float:
-        v = self.verify
-        if n < len(v):
-            return v[n]
-        last = v[-1] - v[-2] if len(v) > 1 else 0.0
-        return v[-1] + last * (n - len(v) + 1)
-
     def _pays(self, reach: float, extra_pass: float) -> bool:
         """Whether a token of this reach, costing one more verify row and `extra_pass`, raises tokens per pass."""
-        now = self._verify(self.kept) + self.drafting
-        then = self._verify(self.kept + 1) + self.drafting + extra_pass
+        now = verify_cost(self.verify, self.kept) + self.drafting
+        then = verify_cost(self.verify, self.kept + 1) + self.drafting + extra_pass
         return (self.tokens + reach) * now >= self.tokens * then
 
     def keep(self, top: float) -> bool:
