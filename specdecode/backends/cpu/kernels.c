@@ -11,17 +11,22 @@ Every output element is accumulated in the same order whatever the number of row
 result does not depend on what it is batched with: a verify pass of k tokens gives each token the logits a
 one-token pass gives it, bit for bit. Threads split the output columns (OpenMP: torch's own runtime, which is
 already loaded under the same soname when this library is opened after torch). */
-#include <immintrin.h>
+#include "simd.h"
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
+#ifndef SD_VARIANT
+#define SD_VARIANT avx2
+#endif
+#include "native.h"
+
 /* GCC otherwise sinks every single-use value to its one use (TER), which moves all of a block step's products to
 its end: every unpacked weight vector and product is then alive at once and spills (q4 at 2-8 rows: 15-25% slower). */
 #pragma GCC optimize("no-tree-ter")
 
-#define QK 32
+#define QK SD_QK
 #define ROWS 8 /* rows accumulated together: the weight block is unpacked once for them */
 /* Where there is a tile path (AMX), the fewest rows it takes. q4 weights need their codes unpacked for the tiles:
 a large q4 product (1 MiB of codes or more, each of Qwen2.5's projections) takes them from 8 rows (whole Qwen2.5
@@ -57,7 +62,7 @@ static inline float hsum(__m256 v) {
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
 /* x [R, K] fp32 -> codes [R, K] int8, scale [R, K/32], scaled sums [R, K/32] (scale * sum of codes). */
-void quantize_activations(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scale, float *sums) {
+void SD(quantize_activations)(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scale, float *sums) {
     const int64_t nb = k / QK;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t r = 0; r < rows; r++) {
@@ -412,10 +417,9 @@ static int64_t amx_rows(const uint8_t *w, int64_t block_bytes, const uint16_t *w
 }
 #endif
 
-/* out[r, col] (row stride out_stride) for packed q4 weights of N output columns (N a multiple of 8), on
-`threads` threads (<= 0: OpenMP's default, torch's setting). */
-void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
-                const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads) {
+/* native.h: threads <= 0 is OpenMP's default, torch's setting. */
+void SD(gemm_q4)(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
+                 const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
     {
         const int64_t done = amx_rows(w, 128, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, threads,
@@ -446,9 +450,8 @@ void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_
     }
 }
 
-/* The same for packed q8 weights. */
-void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
-                int64_t rows, float *out, int64_t out_stride, int64_t threads) {
+void SD(gemm_q8)(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
+                 int64_t rows, float *out, int64_t out_stride, int64_t threads) {
     const int64_t nb = k / QK;
     {
         const int64_t least = n * k >= TILE_Q8_LARGE ? TILE_MIN_ROWS_Q8 : TILE_MIN_ROWS_Q8_SMALL;
@@ -477,14 +480,4 @@ void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const
             }
         }
     }
-}
-
-void gemm_q4(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k,
-             const int8_t *xq, const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride) {
-    gemm_q4_on(w, wd, wm, n, k, xq, xd, xs, rows, out, out_stride, 0);
-}
-
-void gemm_q8(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k,
-             const int8_t *xq, const float *xd, int64_t rows, float *out, int64_t out_stride) {
-    gemm_q8_on(w, wd, n, k, xq, xd, rows, out, out_stride, 0);
 }

@@ -20,55 +20,23 @@ r < starts[b + 1] (rows need not be the same in number: a pass computes no paddi
 row b live in its own buffers [kv_heads, cap[b], head_dim] (kv_cache.py), fp16 where L->kv_half (rounded to
 nearest when written, read back into fp32 arithmetic), else fp32; row r writes slot slot[r] and reads
 the slots j < kv_len with mask[r * kv_len + j] != 0. */
-#include <immintrin.h>
+#include "simd.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-void quantize_activations(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scale, float *sums);
-void gemm_q4_on(const uint8_t *w, const uint16_t *wd, const uint16_t *wm, int64_t n, int64_t k, const int8_t *xq,
-                const float *xd, const float *xs, int64_t rows, float *out, int64_t out_stride, int64_t threads);
-void gemm_q8_on(const int8_t *w, const uint16_t *wd, int64_t n, int64_t k, const int8_t *xq, const float *xd,
-                int64_t rows, float *out, int64_t out_stride, int64_t threads);
-
-typedef struct {
-    int64_t q4; /* 1: q4 codes with d and m; 0: q8 codes with d */
-    int64_t n, k;
-    const void *codes;
-    const uint16_t *d, *m;
-    const float *bias; /* [n] or NULL */
-} qlinear;
-
-typedef struct {
-    qlinear q, k, v, o, gate, up, down;
-    const float *norm_in, *norm_post; /* [hidden] */
-    float eps;
-    int64_t heads, kv_heads, head_dim, hidden, inter;
-    int64_t kv_half; /* 1: the cache holds keys and values as fp16 (written rounded to nearest), else fp32 */
-    const float *q_norm, *k_norm; /* [head_dim] or NULL: RMS norm of each head's query / key before the rotary */
-    const float *norm_attn_out, *norm_mlp_out; /* [hidden] or NULL: norms of the blocks' outputs (Gemma 3) */
-    float scale;  /* attention scores' scale (head_dim^-0.5 for most models) */
-    int64_t gelu; /* 1: the MLP's gate is GELU (tanh approximation), else SiLU */
-    int64_t kind; /* which of decoder_layers' masks and rotary tables: 0 full attention, 1 sliding window */
-} decoder_layer_t;
-
-typedef struct { /* per-pass scratch, sized by the caller for R rows */
-    int8_t *xq;     /* [R, max(hidden, inter)] */
-    float *xd, *xs; /* [R, max(hidden, inter) / 32] */
-    float *h;       /* [R, hidden] normed input */
-    float *q, *k, *v; /* [R, heads * head_dim], [R, kv_heads * head_dim] x 2 */
-    float *att;     /* [R, heads * head_dim] */
-    float *g, *u;   /* [R, inter] */
-    float *out;     /* [R, hidden] */
-} scratch_t;
+#ifndef SD_VARIANT
+#define SD_VARIANT avx2
+#endif
+#include "native.h"
 
 /* y[r, :] = (x[r, :] quantized) @ W^T (+ bias), given x already quantized into s->xq/xd/xs with k columns. */
-static void linear(const qlinear *w, const scratch_t *s, int64_t rows, float *y, int64_t threads) {
+static void linear(const qlinear_t *w, const scratch_t *s, int64_t rows, float *y, int64_t threads) {
     if (w->q4)
-        gemm_q4_on((const uint8_t *)w->codes, w->d, w->m, w->n, w->k, s->xq, s->xd, s->xs, rows, y, w->n, threads);
+        SD(gemm_q4)((const uint8_t *)w->codes, w->d, w->m, w->n, w->k, s->xq, s->xd, s->xs, rows, y, w->n, threads);
     else
-        gemm_q8_on((const int8_t *)w->codes, w->d, w->n, w->k, s->xq, s->xd, rows, y, w->n, threads);
+        SD(gemm_q8)((const int8_t *)w->codes, w->d, w->n, w->k, s->xq, s->xd, rows, y, w->n, threads);
     if (w->bias)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < w->n; c++) y[r * w->n + c] += w->bias[c];
@@ -86,7 +54,7 @@ static void rms_norm(const float *x, const float *weight, float eps, int64_t row
 }
 
 /* The model's final norm over R rows of x [R, n] into h: the same arithmetic as the layers' norms. */
-void rms_norm_rows(const float *x, const float *weight, float eps, int64_t rows, int64_t n, float *h) {
+void SD(rms_norm_rows)(const float *x, const float *weight, float eps, int64_t rows, int64_t n, float *h) {
     rms_norm(x, weight, eps, rows, n, h);
 }
 
@@ -461,13 +429,13 @@ static void attend(const decoder_layer_t *L, const scratch_t *s, int64_t batch, 
 
 /* One layer over R = starts[batch] rows on `threads` threads (>= 1); x [R, hidden] updated in place; cos/sin
 [R, head_dim]. */
-void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t batch, const int64_t *starts,
+static void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t batch, const int64_t *starts,
                    const float *cos, const float *sin, void *const *kbase, void *const *vbase, const int64_t *cap,
                    const int64_t *slot, const uint8_t *mask, int64_t kv_len, const scratch_t *s, int64_t threads) {
     const int64_t H = L->hidden, d = L->head_dim, kvd = L->kv_heads * d;
     /* attention */
     rms_norm(x, L->norm_in, L->eps, rows, H, s->h);
-    quantize_activations(s->h, rows, H, s->xq, s->xd, s->xs);
+    SD(quantize_activations)(s->h, rows, H, s->xq, s->xd, s->xs);
     linear(&L->q, s, rows, s->q, threads);
     linear(&L->k, s, rows, s->k, threads);
     linear(&L->v, s, rows, s->v, threads);
@@ -483,13 +451,13 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
                 store_cache(vbase[b], at, s->v + r * kvd + kvh * d, d, L->kv_half);
             }
     attend(L, s, batch, starts, kbase, vbase, cap, mask, kv_len, threads);
-    quantize_activations(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);
+    SD(quantize_activations)(s->att, rows, L->heads * d, s->xq, s->xd, s->xs);
     linear(&L->o, s, rows, s->out, threads);
     if (L->norm_attn_out) rms_norm(s->out, L->norm_attn_out, L->eps, rows, H, s->out);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
     /* gated MLP */
     rms_norm(x, L->norm_post, L->eps, rows, H, s->h);
-    quantize_activations(s->h, rows, H, s->xq, s->xd, s->xs);
+    SD(quantize_activations)(s->h, rows, H, s->xq, s->xd, s->xs);
     linear(&L->gate, s, rows, s->g, threads);
     linear(&L->up, s, rows, s->u, threads);
     const int64_t I = L->inter;
@@ -497,19 +465,17 @@ void decoder_layer(const decoder_layer_t *L, float *x, int64_t rows, int64_t bat
         gelu_mul(s->g, s->u, rows, I);
     else
         silu_mul(s->g, s->u, rows, I);
-    quantize_activations(s->g, rows, I, s->xq, s->xd, s->xs);
+    SD(quantize_activations)(s->g, rows, I, s->xq, s->xd, s->xs);
     linear(&L->down, s, rows, s->out, threads);
     if (L->norm_mlp_out) rms_norm(s->out, L->norm_mlp_out, L->eps, rows, H, s->out);
     for (int64_t i = 0; i < rows * H; i++) x[i] += s->out[i];
 }
 
-/* Layers L[0..n) in turn, one call from Python rather than n (each a ctypes call of 15 arguments); pointers:
-[n, 3, batch] per layer its rows' key buffers, value buffers and capacities (RollbackCache.row_pointers); cos,
-sin, mask: per layer kind (decoder_layer_t.kind) its rotary table [R, head_dim] and mask [R, kv_len]. */
-void decoder_layers(const decoder_layer_t *const *L, int64_t n, float *x, int64_t rows, int64_t batch,
-                    const int64_t *starts, const float *const *cos, const float *const *sin, void *const *pointers,
-                    const int64_t *slot, const uint8_t *const *mask, int64_t kv_len, const scratch_t *s,
-                    int64_t threads) {
+/* native.h: all of a pass's layers in one call from Python rather than one call a layer. */
+void SD(decoder_layers)(const decoder_layer_t *const *L, int64_t n, float *x, int64_t rows, int64_t batch,
+                        const int64_t *starts, const float *const *cos, const float *const *sin,
+                        void *const *pointers, const int64_t *slot, const uint8_t *const *mask, int64_t kv_len,
+                        const scratch_t *s, int64_t threads) {
     for (int64_t i = 0; i < n; i++) {
         void *const *at = pointers + 3 * i * batch;
         const int64_t kind = L[i]->kind;

@@ -112,10 +112,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         # x: [..., K] -> [..., N]; threads: 0 = torch's setting
         flat = x.reshape(-1, self.in_features)
-        if torch.compiler.is_compiling():  # an opaque op for torch.compile (ctypes cannot be traced)
-            out = packed_matmul(flat, self.codes, self.d, self.m)
-        else:
-            out = _packed_matmul(flat, self.codes, self.d, self.m, threads)
+        out = packed_matmul(flat, self.codes, self.d, self.m, threads)  # a torch operator: torch.compile traces it
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -139,46 +136,17 @@ def _deinterleave(packed: torch.Tensor) -> torch.Tensor:
     return words.permute(0, 1, 3, 2, 4).reshape(groups, blocks, GROUP, size // GROUP)
 
 
-def _packed_matmul(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor,
-                   m: torch.Tensor | None, threads: int = 0, variant: str | None = None) -> torch.Tensor:
+def packed_matmul(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+                  threads: int = 0, variant: str | None = None) -> torch.Tensor:
     """flat [rows, K] float -> [rows, N] float32 through kernels.c (m None: q8 weights, else q4) on `threads`
-    threads (0: torch's setting), in the build `variant` (None: the best for this CPU; native.VARIANTS)."""
-    rows, k = flat.shape
-    n = codes.shape[0] * GROUP
-    xq, scale, sums = quantize_activations(flat)
-    out = torch.empty(rows, n, dtype=torch.float32)  # [rows, N]
-    lib = native.library(variant)
-    if m is not None:
-        lib.gemm_q4_on(codes.data_ptr(), d.data_ptr(), m.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(),
-                       sums.data_ptr(), rows, out.data_ptr(), n, threads)
-    else:
-        lib.gemm_q8_on(codes.data_ptr(), d.data_ptr(), n, k, xq.data_ptr(), scale.data_ptr(), rows, out.data_ptr(), n,
-                       threads)
-    return out
-
-
-@torch.library.custom_op("specdecode::packed_matmul", mutates_args=())
-def packed_matmul(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    """_packed_matmul as a torch operator, for compiled forwards."""
-    return _packed_matmul(flat, codes, d, m)
-
-
-@packed_matmul.register_fake
-def _(flat: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    return flat.new_empty(flat.shape[0], codes.shape[0] * GROUP, dtype=torch.float32)
+    threads (0: torch's setting), in the kernel `variant` (None: the best for this CPU; native.VARIANTS)."""
+    return native.ops().packed_matmul(flat, codes, d, m, threads, native.variant_index(variant))
 
 
 def quantize_activations(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """flat [rows, K] -> codes [rows, K] int8, scales [rows, K/32], scaled code sums [rows, K/32] (the q4
-    offset term). A few microseconds per row: sibling layers (q/k/v) quantize the same input each."""
-    rows, k = flat.shape
-    source = flat.to(torch.float32).contiguous()
-    codes = torch.empty(rows, k, dtype=torch.int8)
-    scale = torch.empty(rows, k // BLOCK, dtype=torch.float32)
-    sums = torch.empty(rows, k // BLOCK, dtype=torch.float32)
-    native.library().quantize_activations(source.data_ptr(), rows, k, codes.data_ptr(), scale.data_ptr(),
-                                          sums.data_ptr())
-    return codes, scale, sums
+    offset term), as the kernels quantize a layer's input."""
+    return native.ops().quantize_activations(flat, native.variant_index())
 
 
 class HalfEmbedding(nn.Module):

@@ -1,5 +1,6 @@
-"""The native kernels of the quantized linear layers (kernels.c) and decoder layers (layers.c), compiled on first
-use and loaded with ctypes.
+"""The native kernels of the quantized linear layers (kernels.c) and decoder layers (layers.c): built at install
+by setup.py, reached as torch operators (ops.cpp, namespace specdecode_native), run in the variant this CPU's
+features call for.
 
 Why a kernel of our own: on the AVX2 CPUs we decode on, torch's weight-only kernels (`_weight_int8pack_mm`,
 `_weight_int4pack_mm_for_cpu`) dequantise weights to bf16 and multiply in emulated bf16, which is compute-bound
@@ -9,133 +10,121 @@ llama.cpp does, and reads the weights at close to the memory bandwidth (docs/des
 weights"). torchao's CPU kernels for int4 are the same torch ops on x86 (its dynamic-activation kernels target
 ARM).
 
-On CPUs with VNNI or AMX the same sources build with their integer dot-product instructions (VARIANTS); the
-outputs are the AVX2 build's, bit for bit (kernels.c).
-
-The library is built with the system C compiler ($CC, else cc) into the user cache, keyed by the source's hash,
-and linked against OpenMP: opened after torch, it shares torch's OpenMP runtime (same soname), so its threads
-are torch's and `torch.set_num_threads` governs both."""
+One build holds every variant (native.h): AMX, VNNI and AVX-512 VNNI builds use their integer dot-product
+instructions and give the AVX2 build's outputs bit for bit (kernels.c); the portable build (SIMDe's plain-C
+intrinsics) runs on CPUs without AVX2. Nothing is compiled at run time. The library is linked against OpenMP and
+loaded after torch, so it shares torch's OpenMP runtime (same soname): its threads are torch's and
+`torch.set_num_threads` governs both."""
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
+import importlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from specdecode.paths import cache_root
-
 _OPENMP_LOADED_BY = torch.__name__  # torch loads its OpenMP runtime, which the kernel library then shares
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernels.c", "layers.c"))
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-_CPU_FLAGS = ("avx2", "fma", "f16c")
-# integer dot products with AMX tiles for passes of a few rows or more (kernels.c: TILE_MIN_ROWS_*) and VNNI
-# where the CPU has them (kernels.c: the same sums, so the same bits), else AVX-512 VNNI on 256-bit vectors, else
-# AVX2; in order of preference, the CPU flags each needs and its compiler flags; each variant is its own cached build
-VARIANTS = {"amx": (("amx_tile", "amx_int8", "avx512f", "avx_vnni"), ("-DTILES", "-mavxvnni")),
-            "vnni": (("avx_vnni",), ("-mavxvnni",)),
-            "avx512-vnni": (("avx512_vnni", "avx512vl"), ("-mavx512vnni", "-mavx512vl")),
-            "avx2": ((), ())}
-_P, _I = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {
-    "quantize_activations": [_P, _I, _I, _P, _P, _P],
-    "gemm_q4": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I],
-    "gemm_q8": [_P, _P, _I, _I, _P, _P, _I, _P, _I],
-    "gemm_q4_on": [_P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _I, _I],
-    "gemm_q8_on": [_P, _P, _I, _I, _P, _P, _I, _P, _I, _I],
-    "decoder_layer": [_P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I],
-    "decoder_layers": [_P, _I, _P, _I, _I, _P, _P, _P, _P, _P, _P, _I, _P, _I],
-    "rms_norm_rows": [_P, _P, ctypes.c_float, _I, _I, _P],
-}
+# in order of preference, the CPU flags (/proc/cpuinfo) each variant needs; setup.py has their compiler flags
+X86 = ("avx2", "fma", "f16c")
+VARIANTS = {"amx": (*X86, "amx_tile", "amx_int8", "avx512f", "avx_vnni"),
+            "vnni": (*X86, "avx_vnni"),
+            "avx512_vnni": (*X86, "avx512_vnni", "avx512vl"),
+            "avx2": X86,
+            "portable": ()}
+CHOICE = "SPECDECODE_KERNELS"  # environment: run this variant (a key of VARIANTS) rather than the best
+
+
+class KernelUnavailable(RuntimeError):
+    """The native kernels cannot run on this machine; the message says why, in one line."""
+
+
+@functools.cache
+def ops():
+    """The kernels' torch operators (torch.ops.specdecode_native), loaded once (raises KernelUnavailable)."""
+    try:
+        importlib.import_module("specdecode.backends.cpu._native")
+    except ImportError as error:
+        raise KernelUnavailable(f"the native kernels were not built at install ({error}; `make setup` builds them "
+                                f"and says why when it cannot)") from None
+    return torch.ops.specdecode_native
+
+
+@functools.cache
+def built() -> tuple[str, ...]:
+    """The variants this build holds, in order of preference."""
+    return tuple(ops().variants())
+
+
+def lacking(variant: str) -> str | None:
+    """Why this CPU or build cannot run `variant` (None: it can)."""
+    if variant not in VARIANTS:
+        return f"unknown kernel variant {variant!r} (one of {', '.join(VARIANTS)})"
+    if variant not in built():
+        return f"the {variant} kernels are not in this build (built: {', '.join(built())})"
+    needs = [flag for flag in VARIANTS[variant] if flag not in cpu_flags()]
+    if needs:
+        return f"the {variant} kernels need a CPU with {', '.join(needs)}"
+    return None
+
+
+def best_variant() -> str:
+    """The variant to run: $SPECDECODE_KERNELS where set, else the fastest this CPU runs (raises
+    KernelUnavailable)."""
+    chosen = os.environ.get(CHOICE)
+    if chosen:
+        reason = lacking(chosen)
+        if reason:
+            raise KernelUnavailable(f"{CHOICE}={chosen}: {reason}")
+        return chosen
+    runnable = [variant for variant in built() if lacking(variant) is None]
+    if not runnable:
+        raise KernelUnavailable(f"no kernel variant of this build ({', '.join(built())}) runs on this CPU")
+    return runnable[0]
+
+
+def variant_index(variant: str | None = None) -> int:
+    """The operators' `variant` argument for `variant` (None: best_variant(), chosen once); raises
+    KernelUnavailable."""
+    if variant is None:
+        return _best_index()
+    reason = lacking(variant)
+    if reason:
+        raise KernelUnavailable(reason)
+    return built().index(variant)
+
+
+@functools.cache
+def _best_index() -> int:
+    return variant_index(best_variant())
 
 
 def missing() -> str | None:
-    """Why the kernel cannot run here (None: it can); the reason is one line for the user."""
+    """Why the kernels cannot run here (None: they can); the reason is one line for the user."""
     try:
-        library()
+        best_variant()
     except KernelUnavailable as error:
         return str(error)
     return None
 
 
-class KernelUnavailable(RuntimeError):
-    """The native kernel cannot be built or run on this machine; the message says why, in one line."""
-
-
-def best_variant() -> str:
-    """The fastest build of the kernels this CPU runs (a key of VARIANTS)."""
-    flags = _cpu_flags()
-    return next(name for name, (needs, _) in VARIANTS.items() if all(flag in flags for flag in needs))
-
-
 @functools.cache
-def library(variant: str | None = None) -> ctypes.CDLL:
-    """The loaded kernel library (None: the best variant for this CPU), built on first use (raises
-    KernelUnavailable)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise KernelUnavailable(f"the quantized kernel needs an x86-64 CPU, this is {platform.machine()}")
-    lacking = [flag for flag in _CPU_FLAGS if flag not in _cpu_flags()]
-    if lacking:
-        raise KernelUnavailable(f"the quantized kernel needs a CPU with {', '.join(lacking)}")
-    if variant is None:  # the best this CPU runs, else (a compiler without its flags) the plain AVX2 build
-        best = best_variant()
-        try:
-            return library(best)
-        except KernelUnavailable:
-            if best == "avx2":
-                raise
-            return library("avx2")
-    needs, extra = VARIANTS[variant]
-    lacking = [flag for flag in needs if flag not in _cpu_flags()]
-    if lacking:
-        raise KernelUnavailable(f"the {variant} kernels need a CPU with {', '.join(lacking)}")
-    path = _build(extra)
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as error:
-        raise KernelUnavailable(f"could not load the quantized kernel {path}: {error}") from None
-    for name, argtypes in _SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
-    return lib
-
-
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux's /proc/cpuinfo; empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
-def _build(extra: tuple[str, ...] = ()) -> Path:
-    source = b"".join(path.read_bytes() for path in SOURCES)
-    compiler = os.environ.get("CC", "cc")
-    flags = (*FLAGS, *extra)
-    key = hashlib.sha256(source + " ".join((compiler, *flags)).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"quant-{key}.so"
-    if target.is_file():
-        return target
-    if shutil.which(compiler) is None:
-        raise KernelUnavailable(f"the quantized kernel is compiled on first use and needs a C compiler "
-                                f"({compiler!r} not found; set CC)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        built = Path(work) / target.name
-        result = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], capture_output=True,
-                                text=True)
-        if result.returncode != 0:
-            first = (result.stderr.strip().splitlines() or ["no output"])[0]
-            raise KernelUnavailable(f"compiling the quantized kernel failed: {first}")
-        os.replace(built, target)  # atomic: a concurrent build writes the same bytes
-    return target
+def describe() -> str:
+    """One line on what this machine runs: the variant and the build's others, or why none."""
+    reason = missing()
+    if reason:
+        return f"native kernels: unavailable ({reason}); packed models use torch's int8 kernel"
+    return f"native kernels: {best_variant()} (built: {', '.join(built())})"
