@@ -39,6 +39,7 @@ from specdecode.server import schemas as s
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.logprobs import chat_logprobs, completion_logprobs
 from specdecode.server.metrics import ServerMetrics
+from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import (
@@ -198,6 +199,7 @@ def create_app(service: Service) -> FastAPI:
     async def redoc() -> Response:
         return get_redoc_html(openapi_url="/openapi.json", title="specdecode")
 
+    add_playground(app)  # GET /: the page is public; its API calls carry the key the user types
     app.openapi = lambda: _openapi(app, service)  # type: ignore[method-assign]
     return app
 
