@@ -5,9 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo lint test test-fast bench serve clean
+.PHONY: setup browser demo lint test test-fast bench serve clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
 
 $(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,15 @@ $(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproje
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# the playground's browser test (tests/e2e/test_playground.py) drives Debian's headless Chromium: installed when
+# absent where apt-get runs as root; elsewhere that test skips, saying why
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get install -y -q chromium chromium-driver >/dev/null || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; }; } || \
+	  echo "chromium and chromium-driver are not installed (apt-get as root installs them): the browser test will skip"
 
 demo: setup
 	$(BIN)/specdecode generate --chat --max-new-tokens 96 \
