@@ -146,8 +146,9 @@ def test_the_page_shows_speculation_at_work(browser, default_server):
 
 @pytest.mark.slow
 def test_the_page_shows_the_servers_error_lines(browser, keyed_tiny):
-    """Without the key: the server's 401 message, on loading and on sending; with it the page works. Bad input
-    (max tokens out of range, an empty completion prompt) shows the server's one-line 400."""
+    """Without the key: the server's 401 message, on loading and on sending; with it the page works (and a token's
+    title shows its logprob when asked for). Bad input (max tokens out of range, an empty completion prompt) shows
+    the server's one-line 400."""
     browser.get(keyed_tiny.url + "/")
     _wait_for_model(browser)
     refused = "a valid API key is required"
@@ -157,8 +158,11 @@ def test_the_page_shows_the_servers_error_lines(browser, keyed_tiny):
     _fill(browser, "max-tokens", "4")
     assert refused in _run(browser, "send")
     _fill(browser, "api-key", API_KEY)
+    browser.find_element("id", "logprobs").click()
     assert _run(browser, "send") == ""
     assert _text(browser, "answer") and not browser.find_element("id", "error").is_displayed()
+    tokens = browser.find_elements("css selector", "#answer .tok")
+    assert tokens and all("logprob " in token.get_attribute("title") for token in tokens)
     assert _text(browser, "model") == "model: tiny"
     _fill(browser, "max-tokens", "100000")
     assert "exceeds the model's context" in _run(browser, "send")

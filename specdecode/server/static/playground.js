@@ -229,7 +229,9 @@ function mixedSpan(text, tokens) {
   span.className = "tok " + (kinds.size === 1 ? "tok-" + [...kinds][0] : kinds.size ? "tok-mixed" : "tok-plain");
   if (kinds.size === 1) span.dataset.origin = tokens[0].origin;
   span.textContent = text;
-  if (tokens.length) span.title = tokens.map((token) => `${token.origin} at ${token.position}`).join(", ");
+  const described = (token) => `${token.origin} at position ${token.position}` +
+    (token.logprob === undefined ? "" : `, logprob ${token.logprob.toFixed(3)}`);
+  if (tokens.length) span.title = tokens.map(described).join("\n");
   return span;
 }
 
