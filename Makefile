@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt r
 
 .PHONY: setup browser demo lint test test-fast bench serve clean
 
-setup: $(STAMP) browser
+setup: $(STAMP)
 
 $(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,8 @@ $(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproje
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# the playground's browser test (tests/e2e/test_playground.py) drives Debian's headless Chromium: installed when
-# absent where apt-get runs as root; elsewhere that test skips, saying why
+# the playground's browser test (tests/e2e/test_playground.py) drives Debian's headless Chromium: `make test` installs
+# it when absent where apt-get runs as root (`make demo` does not need it); elsewhere that test skips, saying why
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
@@ -33,7 +33,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check specdecode tests scripts
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: lint

@@ -52,12 +52,12 @@ def test_the_page_is_not_part_of_the_api_description(keyed_tiny):
 # -- in a browser -----------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium, or a skip saying what is missing (`make setup` installs both packages where apt-get runs
+    """Headless Chromium, or a skip saying what is missing (`make test` installs both packages where apt-get runs
     as root). Selenium is pointed at Debian's binaries: it downloads nothing."""
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
         pytest.skip("the browser test needs Debian's chromium and chromium-driver (`apt-get install chromium "
-                    "chromium-driver` as root; `make setup` does it where it can)")
+                    "chromium-driver` as root; `make test` does it where it can)")
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements-test.txt)")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
@@ -65,11 +65,11 @@ def browser():
                  "--no-first-run", "--window-size=1100,1000"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    session = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    chrome = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
     try:
-        yield session
+        yield chrome
     finally:
-        session.quit()
+        chrome.quit()
 
 
 @pytest.fixture(scope="module")
