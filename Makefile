@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 NATIVE := setup.py $(wildcard specdecode/backends/cpu/*.c specdecode/backends/cpu/*.h specdecode/backends/cpu/*.cpp)
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml $(NATIVE) | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo lint test test-fast bench serve clean
+.PHONY: setup browser demo lint test test-fast bench serve clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,15 @@ $(STAMP): requirements.txt requirements-test.txt requirements-models.txt pyproje
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# the playground's browser test (tests/e2e/test_playground.py) drives Debian's headless Chromium: `make test` installs
+# it when absent where apt-get runs as root (`make demo` does not need it); elsewhere that test skips, saying why
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get install -y -q chromium chromium-driver >/dev/null || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; }; } || \
+	  echo "chromium and chromium-driver are not installed (apt-get as root installs them): the browser test will skip"
+
 demo: setup
 	$(BIN)/specdecode generate --chat --max-new-tokens 96 \
 	  "Rewrite this sentence in the past tense: The cat sits on the mat and watches the birds in the garden."
@@ -31,7 +40,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check specdecode tests scripts
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: lint

@@ -22,7 +22,7 @@ from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.penalties import check_bias, path_tokens, penalize
 from specdecode.core.sampling import make_generator
-from specdecode.core.sequence import Committed, Result, Sequence, StepOutcome
+from specdecode.core.sequence import Committed, Origin, Result, Sequence, StepOutcome
 from specdecode.core.speculation import SpeculationLength
 from specdecode.core.structured import Grammars, Shaped, mask_logits
 from specdecode.core.target import ForwardOutput, Target
@@ -368,7 +368,7 @@ class Engine:
             seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
                               seconds=clock.finished - clock.began if timed else None, committed=len(done.tokens))
         return StepOutcome(done.tokens, done.text, seq.ctx.k, draft.depth, len(verdict.accepted), draft_s, verify_s,
-                           seq.finish_reason, done.error, done.forced, done.logprobs)
+                           seq.finish_reason, done.error, done.forced, done.logprobs, done.origins)
 
     def _shape(self, seq: Sequence, draft: Draft) -> Shaped | None:
         """The draft fitted to the sequence's grammar (None without one): no deeper than the tokens it may add."""
@@ -402,7 +402,8 @@ class Engine:
         text = self._text(seq, tokens)
         if not seq.finished:
             self.drafter.observe(ctx, own)
-        return Committed(tokens, text, len(verdict.accepted) - own, logprobs)
+        origins = _origins(draft, verdict.accepted, fit)[: len(tokens)]
+        return Committed(tokens, text, len(verdict.accepted) - own, logprobs, origins=origins)
 
     def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the committed tokens at the first EOS (kept, like transformers) or at the length budget."""
@@ -457,6 +458,21 @@ class Engine:
 
 def _aux(draft: Draft) -> AuxBranch:
     return draft.aux or AuxBranch()
+
+
+def _origins(draft: Draft, accepted: tuple[int, ...], fit: Shaped | None) -> tuple[Origin, ...]:
+    """Where each token of an accepted path and the target's token after it came from (what a client shows of
+    speculation at work). The grammar's forced nodes hang under the drafter's leaves (Constraint.shape), so on a
+    path they follow the drafter's. The target's token is a correction where the path's last node (or the root)
+    has a draft child, which the target refused; else a bonus, or "target" where nothing was drafted.
+    E.g. a chain of 4 with 2 accepted: ("draft", "draft", "correction")."""
+    kinds: list[Origin] = ["grammar" if fit is not None and node >= fit.own else "draft" for node in accepted]
+    last = accepted[-1] if accepted else -1
+    if not draft.tokens:
+        kinds.append("target")
+    else:
+        kinds.append("correction" if last in draft.parents else "bonus")
+    return tuple(kinds)
 
 
 def _block_parents(draft: Draft) -> list[int]:

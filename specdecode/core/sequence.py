@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -53,6 +54,12 @@ class Result:
     logprobs: tuple[TokenLogprob, ...] | None = None  # per token (GenerationConfig.logprobs), else None
 
 
+# where a committed token came from: an accepted draft token (the drafter's, or "grammar": forced by the request's
+# structure), or the target's own token: "bonus" after a draft path accepted to its end, "correction" in place of
+# a refused draft token, "target" where nothing was drafted
+Origin = Literal["draft", "grammar", "bonus", "correction", "target"]
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """What one step did to one sequence. Callers (the server's scheduler, `stream`) read this instead of
@@ -69,6 +76,7 @@ class StepOutcome:
     error: Exception | None = None  # committing this row failed (finish_reason "error"); the other rows are fine
     forced: int = 0  # of the accepted draft tokens, those the grammar forced (structured outputs)
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token (GenerationConfig.logprobs), else None
+    origins: tuple[Origin, ...] = ()  # one per token: where it came from
 
 
 @dataclass(frozen=True)
@@ -80,3 +88,4 @@ class Committed:
     forced: int  # accepted draft tokens that the grammar forced
     logprobs: tuple[TokenLogprob, ...] | None
     error: Exception | None = None
+    origins: tuple[Origin, ...] = ()  # one per token

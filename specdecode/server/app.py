@@ -39,6 +39,7 @@ from specdecode.server import schemas as s
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.logprobs import chat_logprobs, completion_logprobs
 from specdecode.server.metrics import ServerMetrics
+from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import (
@@ -198,6 +199,7 @@ def create_app(service: Service) -> FastAPI:
     async def redoc() -> Response:
         return get_redoc_html(openapi_url="/openapi.json", title="specdecode")
 
+    add_playground(app)  # GET /: the page is public; its API calls carry the key the user types
     app.openapi = lambda: _openapi(app, service)  # type: ignore[method-assign]
     return app
 
@@ -321,6 +323,10 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
         raise from_validation(error) from None
     for param, message in req.unsupported():
         raise bad_request(message, param, "unsupported")
+    trace = bool(req.speculation and req.speculation.trace)
+    if trace and not req.stream:
+        raise bad_request("speculation.trace needs \"stream\": true (the trace rides on the stream's chunks)",
+                          "speculation.trace", "invalid_value")
     if req.model != service.config.model_name:
         raise APIError(404, f"model {shown(req.model)} does not exist; this server serves "
                             f"{service.config.model_name!r}",
@@ -338,7 +344,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     reply = _Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(ticket, reply, include_usage), media_type="text/event-stream",
+        return StreamingResponse(_sse(ticket, reply, include_usage, trace), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_watch_disconnect(request, ticket))
     try:
@@ -369,16 +375,19 @@ async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
             return
 
 
-async def _sse(ticket: Ticket, reply: _Reply, include_usage: bool) -> AsyncIterator[str]:
+async def _sse(ticket: Ticket, reply: _Reply, include_usage: bool, trace: bool = False) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with [DONE]. On disconnect Starlette cancels this
-    generator; `finally` tells the scheduler, which frees the row before its next step."""
+    generator; `finally` tells the scheduler, which frees the row before its next step. trace: every step's
+    tokens get a chunk with their origins, even while their text is held back (a stop string may begin there)."""
     try:
         if reply.chat:
             yield _data(reply.chunk(role="assistant", text=""))
         while True:
             event = await ticket.next()
             if isinstance(event, TextDelta):
-                if event.text or event.logprobs:
+                if trace and event.token_ids:
+                    yield _data(reply.traced(event))
+                elif event.text or event.logprobs:
                     yield _data(reply.chunk(text=event.text, logprobs=event.logprobs))
             elif isinstance(event, Finished):
                 yield _data(reply.chunk(text="", finish_reason=event.finish_reason))
@@ -428,6 +437,19 @@ class _Reply:
         choice = s.CompletionChoice(text=text, finish_reason=finish_reason,
                                     logprobs=self._completion_logprobs(logprobs))
         return _dump(s.Completion(**self._head(), choices=[choice]))
+
+    def traced(self, event: TextDelta) -> dict:
+        """The event's chunk with its `speculation` field (s.SpeculationTrace)."""
+        body = self.chunk(text=event.text, logprobs=event.logprobs)
+        step = event.trace
+        assert step is not None and len(step.origins) == len(event.token_ids)
+        logprobs = event.logprobs or ()
+        tokens = [s.TracedToken(id=token, text=self.token_text(token), origin=origin, position=i + 1,
+                                logprob=logprobs[i].logprob if logprobs else None)
+                  for i, (token, origin) in enumerate(zip(event.token_ids, step.origins))]
+        trace = s.SpeculationTrace(k=step.k, drafted=step.depth, accepted=step.accepted, tokens=tokens)
+        body["speculation"] = trace.model_dump(exclude_none=True)
+        return body
 
     def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
         return None if entries is None else chat_logprobs(entries, self.token_text)

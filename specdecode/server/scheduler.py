@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from specdecode.config import GenerationConfig, SamplingConfig
 from specdecode.core.engine import Engine, Sequence, StepOutcome
 from specdecode.core.logprobs import TokenLogprob
+from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.policy import AcceptanceStats, SpecPolicy
@@ -100,10 +101,22 @@ class Job:
 
 # -- events the worker sends to the request's handler --------------------------------------------------------
 @dataclass(frozen=True)
+class StepTrace:
+    """What the step did with the request's draft (a stream's `speculation.trace`): the origin of each token, the
+    draft length asked for, the draft's depth and how many of its tokens were accepted."""
+
+    origins: tuple[Origin, ...]
+    k: int
+    depth: int
+    accepted: int
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token, when the request asked for logprobs
+    trace: StepTrace | None = None  # the step that committed the tokens
 
 
 @dataclass(frozen=True)
@@ -517,7 +530,8 @@ class Scheduler:
             self.metrics.ttft.observe(now - slot.ticket.arrived)
         self.metrics.generated_tokens.inc(len(tokens))
         if outcome.text or tokens:
-            slot.ticket.post(TextDelta(outcome.text, tuple(tokens), outcome.logprobs))
+            trace = StepTrace(outcome.origins, outcome.k, outcome.depth, outcome.accepted)
+            slot.ticket.post(TextDelta(outcome.text, tuple(tokens), outcome.logprobs, trace))
         if outcome.finish_reason is not None:
             self._leave(slot, outcome.finish_reason)
 

@@ -17,9 +17,10 @@ Structured outputs: `response_format` ({"type": "json_object"} or {"type": "json
 request. Logprobs: completions' `logprobs: N` and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
 Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_bias` ({"token id": -100..100}),
 and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
-Extensions: `speculation: {"drafter": NAME, "k": K}` chooses the drafter ("none" disables speculation) and sets
-the request's draft length; `top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance
-rate, drafter, grammar-forced tokens) in responses.
+Extensions: `speculation: {"drafter": NAME, "k": K, "trace": true}` chooses the drafter ("none" disables
+speculation), sets the request's draft length and, in a stream, traces each token's origin (SpeculationTrace);
+`top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance rate, drafter, grammar-forced
+tokens) in responses.
 """
 from __future__ import annotations
 
@@ -60,10 +61,12 @@ def _same(value: Any, neutral: Any) -> bool:
 
 
 class SpeculationOptions(_Request):
-    """Extension: per-request drafter choice and draft length cap (k = 0 or drafter "none": no speculation)."""
+    """Extension: per-request drafter choice and draft length cap (k = 0 or drafter "none": no speculation); trace
+    (streams only) adds a `speculation` field to each chunk that carries tokens: each token's origin."""
 
     drafter: str | None = None
     k: int | None = Field(default=None, ge=0, le=64)
+    trace: bool | None = None
 
 
 class StreamOptions(_Request):
@@ -375,6 +378,27 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+
+
+class TracedToken(BaseModel):
+    """One committed token of a traced stream: where it came from (core/sequence.py, Origin) and its position in
+    the step's draft path (1: the first draft token; the target's own token comes one past the accepted ones)."""
+
+    id: int
+    text: str  # its own decoding, as in logprobs
+    origin: Literal["draft", "grammar", "bonus", "correction", "target"]
+    position: int
+    logprob: float | None = None  # only when the request asked for logprobs
+
+
+class SpeculationTrace(BaseModel):
+    """A traced chunk's `speculation` field: the step that committed its tokens (drafted: the draft's depth, the
+    longest path of a tree, as in usage and /metrics)."""
+
+    k: int
+    drafted: int
+    accepted: int
+    tokens: list[TracedToken]
 
 
 class ModelCard(BaseModel):

@@ -1,9 +1,12 @@
 """`Engine.step` says what it did per sequence (StepOutcome), takes its speculation lengths from a hook, finishes
 text at stop strings in one place, and keeps a row's commit failure to that row."""
 import pytest
+import torch
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.core.engine import Engine
+from specdecode.core.drafting import Draft
+from specdecode.core.engine import Engine, _origins
+from specdecode.core.structured import Shaped
 from specdecode.drafters import build_drafter
 from tests.fakes import Oracle
 
@@ -27,6 +30,8 @@ def test_outcome_reports_the_step(tiny_target, tiny_tokenizer):
         outcomes.append(outcome)
     first = outcomes[0]
     assert (first.k, first.depth, first.accepted, len(first.token_ids)) == (4, 4, 2, 3)  # 2 right + the target's
+    assert first.origins == ("draft", "draft", "correction")
+    assert all(len(o.origins) == len(o.token_ids) for o in outcomes)
     assert [t for o in outcomes for t in o.token_ids] == reference.token_ids
     assert [o.finish_reason for o in outcomes] == [None, None, "length"]
     assert outcomes[-1].k == 2  # three tokens left: a draft of two and the target's own
@@ -41,9 +46,10 @@ def test_draft_len_hook_sets_k_and_the_budget_still_caps_it(tiny_target, tiny_to
                     SpecConfig(k=2, pause_below=0.0, pause_on_time=False))
     seq = engine.start(ids, SamplingConfig(), GenerationConfig(max_new_tokens=4, stop_on_eos=False))
     (plain,) = engine.step([seq], draft_len=lambda s: 0)
-    assert (plain.k, plain.depth, len(plain.token_ids)) == (0, 0, 1)
+    assert (plain.k, plain.depth, len(plain.token_ids), plain.origins) == (0, 0, 1, ("target",))
     (wide,) = engine.step([seq], draft_len=lambda s: 9)  # more than the policy's K, cut to the 3 tokens left - 1
     assert (wide.k, wide.accepted, wide.finish_reason) == (2, 2, "length")
+    assert wide.origins == ("draft", "draft", "bonus")  # the whole draft accepted: the target's token is a bonus
     assert seq.output_ids == reference.token_ids
 
 
@@ -86,3 +92,20 @@ def test_a_rows_commit_failure_is_its_own(tiny_target, tiny_tokenizer):
     with pytest.raises(RuntimeError, match="drafter state lost"):  # one sequence: the library re-raises it
         engine.drafter.bad = 2
         engine.generate(ids, generation=generation)
+
+
+TREE = Draft((5, 6, 7, 8), (-1, 0, 0, 1))  # 5 -> {6 -> 8, 7}
+
+
+@pytest.mark.parametrize("draft, accepted, own, expected", [
+    (Draft(), (), None, ("target",)),  # plain decoding
+    (Draft.chain((1, 2, 3)), (), None, ("correction",)),  # the first draft token refused
+    (Draft.chain((1, 2, 3)), (0, 1, 2), None, ("draft", "draft", "draft", "bonus")),
+    (TREE, (0, 2), None, ("draft", "draft", "bonus")),  # node 2 is a leaf of a tree deeper elsewhere
+    (TREE, (0, 1), None, ("draft", "draft", "correction")),  # node 1's child 8 refused
+    (Draft.chain((1, 2, 3, 4)), (0, 1, 2), 1, ("draft", "grammar", "grammar", "correction")),  # nodes 1.. forced
+    (Draft.chain((1, 2)), (0, 1), 0, ("grammar", "grammar", "bonus")),  # no drafter: the grammar's chain alone
+])
+def test_origins_name_each_committed_token(draft, accepted, own, expected):
+    fit = None if own is None else Shaped(draft, torch.zeros(len(draft) + 1, 1, dtype=torch.int32), own)
+    assert _origins(draft, accepted, fit) == expected
