@@ -37,7 +37,7 @@ from specdecode.drafters.common.free_or_model import seed_length, take_free
 from specdecode.drafters.common.row_budget import DepthYield
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.suffix import Suffix, SuffixPlan
-from specdecode.errors import ConfigError
+from specdecode.errors import ConfigError, OptionError
 
 # a draft model's chance that its next token is accepted, before it has any results: about the Qwen pair's on code
 # (tau ~3 at k 3, i.e. ~2 of 3 drafted tokens accepted: 0.8 + 0.8^2 + 0.8^3 = 1.95; docs/drafters.md, "draft-model")
@@ -189,6 +189,9 @@ def _cumulative(rates) -> list[float]:
 def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> Hybrid:
     """suffix as the registry builds it, and the registry's draft model with its chain budget (a --confidence
     threshold is not read: the rule prices the model's chain by its measured costs)."""
+    if not config.draft_model:
+        raise OptionError("{drafter} hybrid needs {draft_model} (a path, packaged name or hub id)", "drafter",
+                          "draft_model")
     model = draft_model.SPEC.build(target, replace(config, name="draft-model"), replace(spec, confidence=0.0))
     if not isinstance(model, DraftModel):
         raise ConfigError("hybrid needs a draft model with the target's tokenizer (its chain continues the free "

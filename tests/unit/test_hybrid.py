@@ -7,14 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdecode.config import SamplingConfig
+from specdecode.config import DrafterConfig, SamplingConfig, SpecConfig
 from specdecode.core.drafting import Draft, SequenceContext
-from specdecode.drafters import suffix_of
+from specdecode.drafters import build_drafter, suffix_of
 from specdecode.drafters.common.base import BaseDrafter
 from specdecode.drafters.common.free_or_model import free_value, model_value, seed_length, take_free
 from specdecode.drafters.common.row_budget import ChainBudget
+from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.hybrid import FLAT, Hybrid, HybridConfig
 from specdecode.drafters.suffix import Suffix, SuffixConfig
+from specdecode.errors import OptionError
 from tests.fakes import FIXED_ROW_COST, fixed_chain
 
 VERIFY = [1.0, 1.0, 1.1]  # a second verify row rides free, a third costs a tenth of a pass
@@ -179,3 +181,11 @@ def test_its_suffix_store_is_found_for_the_server_and_the_benchmark():
     hybrid, _ = _hybrid()
     assert suffix_of(hybrid) is hybrid.free and suffix_of(hybrid.free) is hybrid.free
     assert suffix_of(hybrid.model) is None
+
+
+def test_the_registry_builds_it_only_with_a_draft_model(tiny_target, tiny_draft_dir):
+    with pytest.raises(OptionError, match="hybrid needs draft_model"):
+        build_drafter(tiny_target, DrafterConfig("hybrid"))
+    hybrid = build_drafter(tiny_target, DrafterConfig("hybrid", draft_model=tiny_draft_dir), SpecConfig(k=3))
+    assert isinstance(hybrid, Hybrid) and isinstance(hybrid.free, Suffix) and isinstance(hybrid.model, DraftModel)
+    assert hybrid.depth == 3 and hybrid.capabilities.prices_rows
