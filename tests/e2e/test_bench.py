@@ -125,6 +125,19 @@ def test_hybrid_records_the_options_of_both_its_parts(bench_out):
     assert (hybrid["draft_weights"], hybrid["draft_vocab"]) == (model["draft_weights"], model["draft_vocab"])
 
 
+def test_the_agentic_category_runs_with_a_draft_model(tmp_path, tiny_model_dir, tiny_draft_dir):
+    """The built-in agentic category through specdecode-hybrid (its first question, two turns): functional only,
+    the answers lossless; no figures are read."""
+    out = tmp_path / "agentic"
+    code = main(["bench", "--model", tiny_model_dir, "--draft-model", tiny_draft_dir, "--category", "agentic",
+                 "--limit", "1", "--max-new-tokens", "8", "--methods", "specdecode-hybrid", "--no-progress",
+                 "--no-warmup", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    row = next(r for r in rows if r["method"] == "specdecode-hybrid" and r["category"] == "agentic")
+    assert row["turns"] == 2 and row["lossless_prompts"] == row["prompts"] == 1, row
+
+
 def test_same_draft_is_a_quantized_copy_only_where_our_drafter_drafts_quantized(tiny_model_dir):
     draft = load_bench_model(BenchConfig(out="unused", model=tiny_model_dir)).model
     model, weights = same_draft(draft, "same", torch.device("cpu"))
