@@ -36,6 +36,7 @@ from specdecode.core.target import Target
 from specdecode.drafters import OPTION_READERS, build_drafter, registry, suffix_of
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.hybrid import Hybrid
+from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError, ModelError
 from specdecode.loading.formats import apply as apply_weights
 from specdecode.loading.formats import draft_format
@@ -367,12 +368,11 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
 
 def _forgetting(engine: Engine) -> Callable[[], None]:
     """What a method forgets after the warm-up, which answered the first question: the KV its rows kept
-    (Engine.prefix_reuse) and the suffix drafter's store (a hybrid's too)."""
+    (Engine.prefix_reuse) and what the suffix and hybrid drafters learned from earlier requests."""
     def forget() -> None:
         engine.forget_prefixes()
-        store = suffix_of(engine.drafter)
-        if store is not None:
-            store.clear()
+        if isinstance(engine.drafter, (Suffix, Hybrid)):
+            engine.drafter.clear()
     return forget
 
 

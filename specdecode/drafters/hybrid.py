@@ -24,7 +24,7 @@ the model's rows its own distribution, each token drawn after the path before it
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -92,6 +92,13 @@ class Hybrid(BaseDrafter):
 
     def max_nodes(self, k: int) -> int:
         return max(self.free.max_nodes(k), self.model.max_nodes(k))
+
+    def clear(self) -> None:
+        """Forget what earlier sequences taught both sides (suffix's store and rates, the model's record) and the
+        counts: a benchmark's warm-up must not seed them."""
+        self.free.clear()
+        self.record = DepthYield((self.config.prior_rate,))
+        self.free_drafts = self.model_drafts = self.seeded_drafts = 0
 
     def forget_prefixes(self) -> None:
         self.model.forget_prefixes()
@@ -178,7 +185,7 @@ def _as_part(seq: SequenceContext, part_state: Any, call: Callable[[SequenceCont
         seq.state = mine
 
 
-def _cumulative(rates) -> list[float]:
+def _cumulative(rates: Iterable[float]) -> list[float]:
     out, reach = [], 1.0
     for rate in rates:
         reach *= rate

@@ -189,3 +189,14 @@ def test_the_registry_builds_it_only_with_a_draft_model(tiny_target, tiny_draft_
     hybrid = build_drafter(tiny_target, DrafterConfig("hybrid", draft_model=tiny_draft_dir), SpecConfig(k=3))
     assert isinstance(hybrid, Hybrid) and isinstance(hybrid.free, Suffix) and isinstance(hybrid.model, DraftModel)
     assert hybrid.depth == 3 and hybrid.capabilities.prices_rows
+
+
+def test_clear_forgets_what_earlier_sequences_taught():
+    hybrid, _ = _hybrid()
+    hybrid.free.store.insert([*range(1, 21), 99])
+    _, seq = _propose(hybrid, SHORT_MATCH)
+    hybrid.observe(seq, 0)
+    assert hybrid.record.rate(1) < HybridConfig().prior_rate and hybrid.model_drafts == 1
+    hybrid.clear()
+    assert hybrid.record.rate(1) == HybridConfig().prior_rate and hybrid.model_drafts == 0
+    assert hybrid.free.stats().sequences == 0
