@@ -1,10 +1,12 @@
 """Drafters whose drafts are known in advance, shared by the tests that need an exact outcome: an oracle that
-drafts the target's true continuation (wrong from a chosen depth on, or costing fake time), and a tree whose
-first branch is wrong and whose second is right (so the accepted path must be compacted)."""
+drafts the target's true continuation (wrong from a chosen depth on, or costing fake time), a tree whose
+first branch is wrong and whose second is right (so the accepted path must be compacted), and a hybrid that
+always drafts one way."""
 from __future__ import annotations
 
 from specdecode.core.drafting import Draft
 from specdecode.drafters.common.base import BaseDrafter
+from specdecode.drafters.hybrid import Choice, Hybrid
 
 # what one more verify row costs, in one-token passes, on the quiet 2-core VM (SmolLM2 in int4): tests that assert
 # acceptance plan with it, so that a busy machine (whose timings read a row as costing more than a pass) cannot
@@ -101,3 +103,19 @@ def packaged_marks(name: str, what: str) -> list:
     missing = any(importlib.util.find_spec(package) is None for _, package, _ in PACKAGED[name].parts)
     return [pytest.mark.slow,
             pytest.mark.skipif(missing, reason=f"{what} not installed: {PACKAGED[name].install_hint}")]
+
+
+
+class ForcedHybrid(Hybrid):
+    """A hybrid's parts under a rule that always goes one way: the free draft (free True), or the draft model's
+    chain led by up to `seed` tokens of the free draft's best chain. Each path's exactness is then tested apart
+    from the rule that picks among them (tests/unit/test_hybrid.py tests the rule)."""
+
+    def __init__(self, hybrid: Hybrid, free: bool, seed: int = 0):
+        super().__init__(hybrid.free, hybrid.model, hybrid.config, hybrid.depth)
+        self.free_always, self.seed = free, seed
+
+    def choose(self, plan, reach, costs, k: int) -> Choice:
+        if self.free_always:
+            return Choice(free=True)
+        return Choice(free=False, seed=min(self.seed, len(plan.best_path()), k - 1))

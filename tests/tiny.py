@@ -121,8 +121,11 @@ def tiny_drafter(target, name: str, spec, draft_dir: str | None = None, exit_lay
     config = DrafterConfig(name=name, draft_model=draft_dir if entry.needs_draft_model else None, exit_layer=exit_layer,
                            row_cost=row_cost, draft_weights=draft_weights, draft_vocab=draft_vocab)
     drafter = build_drafter(target, config, spec)
-    if getattr(drafter, "budget", None) is not None:  # a draft model: free draft passes, not the machine's costs
+    from specdecode.drafters.hybrid import Hybrid
+
+    model = drafter.model if isinstance(drafter, Hybrid) else drafter  # a hybrid plans with its draft model's costs
+    if getattr(model, "budget", None) is not None:  # a draft model: free draft passes, not the machine's costs
         from tests.fakes import fixed_chain
 
-        drafter.budget = fixed_chain(depth=max(spec.k, spec.max_k))
+        model.budget = fixed_chain(depth=max(spec.k, spec.max_k))
     return drafter

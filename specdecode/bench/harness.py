@@ -112,10 +112,11 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
         "--exit-layer": (config.drafter.exit_layer is not None, {ours + "layer-skip", "hf-early-exit"}),
         "--hf-draft-tokens": (config.hf_draft_tokens is not None, {"hf-prompt-lookup", *assisted}),
         "--hf-assistant-schedule": (config.hf_assistant_schedule is not None, assisted),
-        "--draft-weights": (config.drafter.draft_weights != "auto", {ours + "draft-model", same}),
-        "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model"}),
-        "--suffix-store": (config.drafter.suffix_store is not None, {ours + "suffix"}),
-        "--draft-vocab": (config.drafter.draft_vocab is not None, {ours + "draft-model"}),
+        "--draft-weights": (config.drafter.draft_weights != "auto", {ours + "draft-model", ours + "hybrid", same}),
+        "--draft-model": (config.draft_model is not None, {*methods_mod.DRAFT_PEERS, ours + "draft-model",
+                                                           ours + "hybrid"}),
+        "--suffix-store": (config.drafter.suffix_store is not None, {ours + "suffix", ours + "hybrid"}),
+        "--draft-vocab": (config.drafter.draft_vocab is not None, {ours + "draft-model", ours + "hybrid"}),
         "--confidence": (config.confidence is not None, {ours + d for d in OPTION_READERS["confidence"]}),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter})

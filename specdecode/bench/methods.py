@@ -33,8 +33,9 @@ from specdecode.config import DrafterConfig, FastPathConfig, GenerationConfig, S
 from specdecode.core.engine import Engine
 from specdecode.core.pass_costs import synchronize
 from specdecode.core.target import Target
-from specdecode.drafters import OPTION_READERS, build_drafter, registry
+from specdecode.drafters import OPTION_READERS, build_drafter, registry, suffix_of
 from specdecode.drafters.draft_model import DraftModel
+from specdecode.drafters.hybrid import Hybrid
 from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError, ModelError
 from specdecode.loading.formats import apply as apply_weights
@@ -215,10 +216,12 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
                       **({"draft_model": draft,
                           "draft_weights": _drafter_weights(options.drafter.draft_weights, target)}
                          if draft and registry()[drafter].needs_draft_model else {})}
-            if isinstance(engine.drafter, DraftModel):  # the draft head's shortlist (0: the whole vocabulary)
-                params["draft_vocab"] = engine.drafter.shortlist.size if engine.drafter.shortlist else 0
-            if isinstance(engine.drafter, Suffix):  # one store over the whole run, in question order
-                params["suffix_store"] = engine.drafter.config.store_tokens
+            model = engine.drafter.model if isinstance(engine.drafter, Hybrid) else engine.drafter
+            if isinstance(model, DraftModel):  # the draft head's shortlist (0: the whole vocabulary)
+                params["draft_vocab"] = model.shortlist.size if model.shortlist else 0
+            store = suffix_of(engine.drafter)
+            if store is not None:  # one store over the whole run, in question order
+                params["suffix_store"] = store.config.store_tokens
             methods.append(Method(name, "specdecode", _engine_runner(engine), params, _forgetting(engine)))
     return methods
 
@@ -365,10 +368,10 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
 
 def _forgetting(engine: Engine) -> Callable[[], None]:
     """What a method forgets after the warm-up, which answered the first question: the KV its rows kept
-    (Engine.prefix_reuse) and the suffix drafter's store."""
+    (Engine.prefix_reuse) and what the suffix and hybrid drafters learned from earlier requests."""
     def forget() -> None:
         engine.forget_prefixes()
-        if isinstance(engine.drafter, Suffix):
+        if isinstance(engine.drafter, (Suffix, Hybrid)):
             engine.drafter.clear()
     return forget
 

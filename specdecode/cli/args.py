@@ -44,18 +44,20 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                         help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
                              "measured one for the device, drafters.BEST_DRAFTER)")
     parser.add_argument("--draft-model", default=None,
-                        help="draft model for --drafter draft-model (a packaged name, dir, .gguf or hub id)")
+                        help="draft model for --drafter draft-model or hybrid (a packaged name, dir, .gguf or hub "
+                             "id)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
-                        help="draft-model: int4 / int8 weights, int4-all (the head in 4 bits too), or the target's "
-                             "dtype (same); auto: int4-all on the CPU, where measured fastest")
+                        help="draft-model, hybrid: int4 / int8 weights, int4-all (the head in 4 bits too), or the "
+                             "target's dtype (same); auto: int4-all on the CPU, where measured fastest")
     parser.add_argument("--draft-vocab", type=_count, default=None, metavar="N",
-                        help="draft-model: score only the draft head's first N token ids plus the tokens seen "
+                        help="draft-model, hybrid: score only the draft head's first N token ids plus the tokens seen "
                              "(default: the whole vocabulary)")
     parser.add_argument("--exit-layer", type=int, default=None, help="layer-skip: draft with the first L layers")
     parser.add_argument("--lookahead", type=_lookahead_triple, default=None, metavar="W,N,G",
                         help="lookahead: window, n-gram size, verified candidates (default 1,4,1, measured)")
     parser.add_argument("--suffix-store", type=_positive_tokens, default=None, metavar="TOKENS",
-                        help="suffix: cap of the store of earlier requests, in tokens (default 65536; oldest evicted)")
+                        help="suffix, hybrid: cap of the store of earlier requests, in tokens (default 65536; "
+                             "oldest evicted)")
     parser.add_argument("--k", type=int, default=5, help="tokens drafted per step (start value when --adaptive)")
     parser.add_argument("--adaptive", action="store_true", help="adapt K to recent acceptance")
     parser.add_argument("--max-k", type=int, default=None, help="upper bound for adaptive K (default: max(12, --k))")

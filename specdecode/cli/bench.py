@@ -28,7 +28,8 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None,
                         help="HF model dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--draft-model", default=None,
-                        help="draft model (enables hf-assisted, hf-assisted-same-draft, specdecode-draft-model)")
+                        help="draft model (enables hf-assisted, hf-assisted-same-draft, specdecode-draft-model, "
+                             "specdecode-hybrid)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--weights", default="auto", choices=WEIGHTS,
@@ -42,15 +43,17 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
                         help="specdecode-draft-model / -layer-skip: stop a draft where the draft's top probability "
                              "falls below this (default: draft all --k tokens)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
-                        help="specdecode-draft-model's and hf-assisted-same-draft's draft: int4 / int8 (auto: int4 on "
-                             "the CPU) or the target's dtype (hf-assisted always uses the draft as loaded)")
+                        help="specdecode-draft-model's, -hybrid's and hf-assisted-same-draft's draft: int4 / int8 "
+                             "(auto: int4 on the CPU) or the target's dtype (hf-assisted always uses the draft as "
+                             "loaded)")
     parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                        help="specdecode-draft-model: the draft head's shortlist (default: the whole "
+                        help="specdecode-draft-model / -hybrid: the draft head's shortlist (default: the whole "
                              "vocabulary)")
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="layer-skip / hf-early-exit exit layer (default: a third of the layers)")
     parser.add_argument("--suffix-store", type=int, default=None, metavar="TOKENS",
-                        help="specdecode-suffix: the store's cap in tokens (default 65536), one store per run")
+                        help="specdecode-suffix / -hybrid: the store's cap in tokens (default 65536), one store per "
+                             "run")
     parser.add_argument("--hf-draft-tokens", type=int, default=None,
                         help="draft length of the transformers peers (default: --k; 10 for prompt lookup)")
     parser.add_argument("--hf-assistant-schedule", default=None, choices=SCHEDULES,

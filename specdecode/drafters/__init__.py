@@ -7,12 +7,14 @@ from dataclasses import replace
 from specdecode.config import DrafterConfig, SpecConfig
 from specdecode.core.drafting import Drafter
 from specdecode.core.target import Target
-from specdecode.drafters import draft_model, eagle, layer_skip, lookahead, medusa, none, prompt_lookup, suffix
+from specdecode.drafters import draft_model, eagle, hybrid, layer_skip, lookahead, medusa, none, prompt_lookup, suffix
 from specdecode.drafters.common.base import DrafterSpec
+from specdecode.drafters.hybrid import Hybrid
+from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError, ModelError, OptionError
 
 _SPECS: tuple[DrafterSpec, ...] = (none.SPEC, prompt_lookup.SPEC, layer_skip.SPEC, draft_model.SPEC, lookahead.SPEC,
-                                   eagle.SPEC, medusa.SPEC, suffix.SPEC)
+                                   eagle.SPEC, medusa.SPEC, suffix.SPEC, hybrid.SPEC)
 
 
 def registry() -> dict[str, DrafterSpec]:
@@ -32,9 +34,9 @@ AUTO = "auto"
 # drafter options (DrafterConfig / SpecConfig field names) -> the drafters that read them; given for another
 # drafter, one would be ignored
 OPTION_READERS = {"exit_layer": ("layer-skip",), "lookahead": ("lookahead",),
-                  "draft_model": ("draft-model", "eagle", "medusa"), "draft_weights": ("draft-model",),
-                  "draft_vocab": ("draft-model",),
-                  "confidence": ("layer-skip", "draft-model"), "suffix_store": ("suffix",)}
+                  "draft_model": ("draft-model", "eagle", "medusa", "hybrid"),
+                  "draft_weights": ("draft-model", "hybrid"), "draft_vocab": ("draft-model", "hybrid"),
+                  "confidence": ("layer-skip", "draft-model"), "suffix_store": ("suffix", "hybrid")}
 
 
 def check_options_read(given: dict[str, bool], drafters: list[str], shown: str | None = None) -> None:
@@ -52,6 +54,14 @@ def build_drafter(target: Target, config: DrafterConfig, spec: SpecConfig | None
     if config.name == AUTO:
         return _build_best(target, config, spec)
     return get_spec(config.name).build(target, config, spec)
+
+
+def suffix_of(drafter: Drafter) -> Suffix | None:
+    """The suffix drafter whose store `drafter` drafts from (itself, or a hybrid's free drafter), else None: the
+    server exports its store, a benchmark clears it after the warm-up."""
+    if isinstance(drafter, Hybrid):
+        return drafter.free
+    return drafter if isinstance(drafter, Suffix) else None
 
 
 BEST_DRAFTER = {"cpu": "prompt-lookup", "cuda": "prompt-lookup"}
@@ -79,4 +89,4 @@ def _build_best(target: Target, config: DrafterConfig, spec: SpecConfig) -> Draf
 
 
 __all__ = ["AUTO", "OPTION_READERS", "DrafterSpec", "best_drafter_name", "build_drafter", "check_options_read",
-           "get_spec", "registry"]
+           "get_spec", "registry", "suffix_of"]

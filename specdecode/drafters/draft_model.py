@@ -74,7 +74,7 @@ class DraftModel(RowStateDrafter):
         self._held.clear()
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
-        return [self._draft_one(seq) for seq in seqs]
+        return [self.draft_after(seq) for seq in seqs]
 
     def _forward(self, state: _State, new: list[int]) -> torch.Tensor:
         """Feed `new` after state.cached; returns logits [draft_vocab] after the last of them."""
@@ -82,19 +82,27 @@ class DraftModel(RowStateDrafter):
             self.shortlist.add(new)
         return feed_chain(self.draft, self.cache, state.row, self._pool.rows, state.cached, new)
 
-    def _draft_one(self, seq: SequenceContext) -> Draft:
+    def draft_after(self, seq: SequenceContext, seed: Sequence[int] = (), reaches: Sequence[float] = ()) -> Draft:
+        """A chain of at most seq.k tokens: `seed` first (fewer than seq.k tokens another drafter proposed, each
+        with its estimated chance of being accepted, cumulative: `reaches`), then the draft model's own, drawn
+        after it. The seed rides in the pass that catches the draft up on the committed tokens, so it costs no
+        draft pass; its q rows are one-hot (chosen, not drawn), the model's are its own distribution."""
         if seq.k <= 0:
             return Draft()
+        if len(seed) >= seq.k or len(seed) != len(reaches):
+            raise ValueError(f"a seed of {len(seed)} tokens ({len(reaches)} reaches) for a draft of {seq.k}")
         state: _State = seq.state
         keep = 0
         limit = min(len(state.cached), len(seq.tokens) - 1)
         while keep < limit and state.cached[keep] == seq.tokens[keep]:
             keep += 1
         del state.cached[keep:]
-        logits = self._forward(state, seq.tokens[keep:])
-        tokens: list[int] = []
+        logits = self._forward(state, [*seq.tokens[keep:], *seed])
+        tokens: list[int] = list(seed)
         qs: list[torch.Tensor] = []
         walk = self.budget.walk(seq.sampling.seeded) if self.budget is not None else None
+        if walk is not None:
+            walk.seed(reaches)
         while True:
             token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab,
                                    bool(self.confidence) or walk is not None)
@@ -109,7 +117,11 @@ class DraftModel(RowStateDrafter):
             logits = self._forward(state, [token])
             if walk is not None:  # what a draft pass costs now (pass_costs.ChainCostEstimate)
                 self.budget.observe_draft(time.perf_counter() - began)
-        return Draft.chain(tokens, torch.stack(qs) if qs else None)
+        q = torch.stack(qs) if qs else None  # [drawn, vocab]; None: every token chosen (greedy), one-hot q
+        if q is not None and seed:
+            chosen = torch.nn.functional.one_hot(torch.tensor(list(seed)), q.shape[-1]).to(q)  # [len(seed), vocab]
+            q = torch.cat([chosen, q])
+        return Draft.chain(tokens, q)
 
 
 def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftModel:

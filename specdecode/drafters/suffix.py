@@ -126,8 +126,52 @@ class _Proposal:
     trie: list[TrieNode]  # the continuations after its occurrences
     taken: list[int]  # trie nodes worth drafting (select_nodes)
     firsts: list[int]  # depth-1 nodes frequent enough to probe with
-    expected: float  # expected accepted tokens of the taken nodes (sum of P)
+    reach: list[float]  # [depth - 1]: the kind's chance that a chain is accepted that deep
+    occurrences: int  # continuations counted
     from_store: bool  # some occurrences are in earlier requests
+
+    def estimate(self, node: int) -> float:
+        """P of a trie node: its chance of being accepted (reach at its depth times its frequency)."""
+        return self.reach[self.trie[node].depth - 1] * self.trie[node].count / self.occurrences
+
+    @property
+    def expected(self) -> float:
+        """Expected accepted tokens of the taken nodes (sum of P)."""
+        return sum(self.estimate(i) for i in self.taken)
+
+
+@dataclass(frozen=True)
+class SuffixPlan:
+    """A suffix draft before it is sent, with what the drafter expects of it: `estimates[i]` is node i's chance
+    of being accepted (P above), so their sum is the draft's expected accepted tokens. A drafter that weighs this
+    draft against another's (hybrid.py) reads it; `Suffix.send` makes it the draft in flight."""
+
+    draft: Draft = field(default_factory=Draft)
+    estimates: tuple[float, ...] = ()
+    kind: int = 0  # the match-length class (0: no draft)
+    from_store: bool = False
+
+    @property
+    def expected(self) -> float:
+        return sum(self.estimates)
+
+    def best_path(self) -> list[int]:
+        """Nodes of the most likely chain from the root: at each depth the child with the highest P (the first
+        of equals). P never grows down a path, so this is the draft's best prefix at every depth."""
+        path: list[int] = []
+        parent = -1
+        while True:
+            children = [i for i, p in enumerate(self.draft.parents) if p == parent]
+            if not children:
+                return path
+            parent = max(children, key=lambda i: (self.estimates[i], -i))
+            path.append(parent)
+
+    def chain(self, nodes: Sequence[int]) -> SuffixPlan:
+        """The plan cut to `nodes`, a path from the root (best_path's prefix): a chain draft."""
+        draft = Draft.chain([self.draft.tokens[i] for i in nodes])
+        return SuffixPlan(draft, tuple(self.estimates[i] for i in nodes), self.kind if nodes else 0,
+                          self.from_store and bool(nodes))
 
 
 @dataclass
@@ -189,14 +233,16 @@ class Suffix(BaseDrafter):
         seq.state = _State(local, not seeded, Learned() if seeded else self.learned, self._cost.planner(seeded))
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
-        return [self._draft_one(seq) for seq in seqs]
+        return [self.send(seq, self.plan(seq)) for seq in seqs]
 
-    def _draft_one(self, seq: SequenceContext) -> Draft:
+    def plan(self, seq: SequenceContext) -> SuffixPlan:
+        """This step's draft and its estimates, not yet in flight (`send`): the tree of whichever match, the
+        request's own or the store's, expects more accepted tokens, or a one-token probe now and then."""
         state: _State = seq.state
         state.local.extend(seq.tokens[state.local.end :])
         state.kind = state.drafted = 0
         if seq.k <= 0:
-            return Draft()
+            return SuffixPlan()
         own = state.local.find(seq.tokens)
         stored = self.store.find(seq.tokens) if state.use_store else (0, [])
         if own[0] == stored[0]:  # occurrences of the same context: counted together
@@ -206,7 +252,7 @@ class Suffix(BaseDrafter):
         proposals = [self._proposal(state, match, found, seq.k) for match, found in sources if match]
         proposals = [p for p in proposals if p is not None]
         if not proposals:
-            return Draft()
+            return SuffixPlan()
         best = max(proposals, key=lambda p: (p.expected, p.match))  # the paper's choice by score
         taken = best.taken
         probe = state.learned.probes[best.kind]
@@ -215,12 +261,18 @@ class Suffix(BaseDrafter):
         elif best.firsts and probe.due(self.config.probe_every):  # nothing pays: one token now and then
             taken = [max(best.firsts, key=lambda i: best.trie[i].count)]
         if not taken:
-            return Draft()
-        draft = tree_draft(best.trie, taken)
-        state.kind, state.drafted = best.kind, draft.depth
-        self.drafts += 1
-        self.hits += best.from_store
-        return draft
+            return SuffixPlan()
+        return SuffixPlan(tree_draft(best.trie, taken), tuple(best.estimate(i) for i in taken), best.kind,
+                          best.from_store)
+
+    def send(self, seq: SequenceContext, plan: SuffixPlan) -> Draft:
+        """`plan`'s draft, now the one in flight: `observe` credits its kind with what the target accepts."""
+        state: _State = seq.state
+        state.kind, state.drafted = plan.kind, plan.draft.depth
+        if len(plan.draft):
+            self.drafts += 1
+            self.hits += plan.from_store
+        return plan.draft
 
     def _proposal(self, state: _State, match: int, found: list[tuple[TokenIndex, list[int]]],
                   k: int) -> _Proposal | None:
@@ -236,9 +288,8 @@ class Suffix(BaseDrafter):
         reach = _cumulative(rates.rate(j) for j in range(1, depth + 1))
         taken = select_nodes(trie, len(continuations), reach, state.cost(), c.nodes, c.min_prob)
         firsts = [i for i, node in enumerate(trie) if node.parent < 0 and node.count >= c.min_prob * len(continuations)]
-        expected = sum(reach[trie[i].depth - 1] * trie[i].count for i in taken) / len(continuations)
         from_store = any(index is self.store.index and positions for index, positions in found)
-        return _Proposal(match, kind, trie, taken, firsts, expected, from_store)
+        return _Proposal(match, kind, trie, taken, firsts, reach, len(continuations), from_store)
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         state: _State = seq.state

@@ -32,8 +32,8 @@ from specdecode.core.drafting import Drafter
 from specdecode.core.engine import Engine
 from specdecode.core.penalties import check_bias
 from specdecode.core.target import Target
+from specdecode.drafters import suffix_of
 from specdecode.drafters.none import NoDrafter
-from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
@@ -110,9 +110,8 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     metrics = ServerMetrics()
     if target.device.type == "cpu":
         metrics.watch_row_cost(target.row_costs.peek)
-    for drafter in drafters.values():
-        if isinstance(drafter, Suffix):  # its store's size and hits on /metrics
-            metrics.watch_store(drafter.stats)
+    stores = {name: suffix_of(drafter) for name, drafter in drafters.items()}  # their size and hits on /metrics
+    metrics.watch_stores({name: store.stats for name, store in stores.items() if store is not None})
     scheduling = SchedulerConfig(config.max_batch, config.max_queue, kv_cache_bytes=config.kv_cache_bytes,
                                  prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)

@@ -9,7 +9,7 @@ length (the bonus token included), over any scrape interval.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -78,9 +78,11 @@ class ServerMetrics:
         self.queue_depth.set_function(queued)
         self.active.set_function(active)
 
-    def watch_store(self, stats: Callable[[], StoreStats]) -> None:
-        """Export a suffix drafter's store (its `stats`), read at scrape time."""
-        self.registry.register(_StoreCollector(stats))
+    def watch_stores(self, stores: Mapping[str, Callable[[], StoreStats]]) -> None:
+        """Export the suffix stores of the served drafters (drafter name -> its store's `stats`: `suffix`, a
+        `hybrid`'s free drafter), read at scrape time, each sample labelled with its drafter."""
+        if stores:
+            self.registry.register(_StoreCollector(dict(stores)))
 
     def count_rejected(self, status: int) -> None:
         """A request answered below the app (connections.py: a head too slow, too large or malformed, no
@@ -102,23 +104,29 @@ class ServerMetrics:
 
 
 class _StoreCollector(Collector):
-    """The suffix store's size and use, from one `stats()` call per scrape (the scheduler thread updates the
-    counts; each is read whole)."""
+    """The suffix stores' size and use, from one `stats()` call per store and scrape (the scheduler thread updates
+    the counts; each is read whole), labelled by drafter."""
 
-    def __init__(self, stats: Callable[[], StoreStats]):
-        self.stats = stats
+    def __init__(self, stores: dict[str, Callable[[], StoreStats]]):
+        self.stores = stores
 
     def collect(self) -> Iterator[Metric]:
-        s = self.stats()
-        yield GaugeMetricFamily("specdecode_suffix_store_tokens", "Tokens held by the suffix store", value=s.tokens)
-        yield GaugeMetricFamily("specdecode_suffix_store_sequences", "Sequences held by the suffix store",
-                                value=s.sequences)
-        yield GaugeMetricFamily("specdecode_suffix_store_capacity_tokens", "The suffix store's cap (--suffix-store)",
-                                value=s.capacity)
-        yield CounterMetricFamily("specdecode_suffix_store_evicted_sequences",
-                                  "Sequences evicted from the suffix store (oldest first)", value=s.evicted)
-        yield CounterMetricFamily("specdecode_suffix_drafts", "Non-empty drafts proposed by the suffix drafter",
-                                  value=s.drafts)
-        yield CounterMetricFamily("specdecode_suffix_store_hits",
-                                  "Suffix drafts drawn from the store (earlier requests), not only the request itself",
-                                  value=s.hits)
+        families = [
+            (GaugeMetricFamily, "specdecode_suffix_store_tokens", "Tokens held by the suffix store", "tokens"),
+            (GaugeMetricFamily, "specdecode_suffix_store_sequences", "Sequences held by the suffix store",
+             "sequences"),
+            (GaugeMetricFamily, "specdecode_suffix_store_capacity_tokens", "The suffix store's cap (--suffix-store)",
+             "capacity"),
+            (CounterMetricFamily, "specdecode_suffix_store_evicted_sequences",
+             "Sequences evicted from the suffix store (oldest first)", "evicted"),
+            (CounterMetricFamily, "specdecode_suffix_drafts", "Non-empty drafts proposed by the suffix drafter",
+             "drafts"),
+            (CounterMetricFamily, "specdecode_suffix_store_hits",
+             "Suffix drafts drawn from the store (earlier requests), not only the request itself", "hits"),
+        ]
+        stats = {name: read() for name, read in self.stores.items()}
+        for kind, metric, help_text, field_name in families:
+            family = kind(metric, help_text, labels=["drafter"])
+            for name, s in stats.items():
+                family.add_metric([name], getattr(s, field_name))
+            yield family

@@ -32,7 +32,7 @@ PROMPTS = [
      "reference": ["x"]},
 ]
 MODEL_FREE = ["hf-generate", "hf-prompt-lookup", "hf-assisted", SAME_DRAFT, "hf-early-exit", "specdecode-none",
-              "specdecode-prompt-lookup", "specdecode-layer-skip", "specdecode-draft-model"]
+              "specdecode-prompt-lookup", "specdecode-layer-skip", "specdecode-draft-model", "specdecode-hybrid"]
 RESULT_FIELDS = {"method", "category", "tokens_per_s", "speedup", "tau", "acceptance_rate", "lossless_prompts",
                  "prompts", "peak_rss_mb"}
 
@@ -115,6 +115,27 @@ def test_same_draft_peer_is_lossless_with_our_drafters_weights(bench_out):
     row = [r for r in results["results"] if r["method"] == SAME_DRAFT and r["category"] == "overall"][0]
     assert row["lossless_prompts"] == row["prompts"] == 2 and row["mismatches"] == 0, row
     assert row["tau"] >= 1.0 and row["acceptance_rate"] is not None
+
+
+def test_hybrid_records_the_options_of_both_its_parts(bench_out):
+    results = json.loads((bench_out / "results.json").read_text())
+    params = {m["method"]: m["params"] for m in results["methods"]}
+    hybrid, model = params["specdecode-hybrid"], params["specdecode-draft-model"]
+    assert hybrid["suffix_store"] == params["specdecode-suffix"]["suffix_store"]
+    assert (hybrid["draft_weights"], hybrid["draft_vocab"]) == (model["draft_weights"], model["draft_vocab"])
+
+
+def test_the_agentic_category_runs_with_a_draft_model(tmp_path, tiny_model_dir, tiny_draft_dir):
+    """The built-in agentic category through specdecode-hybrid (its first question, two turns): functional only,
+    the answers lossless; no figures are read."""
+    out = tmp_path / "agentic"
+    code = main(["bench", "--model", tiny_model_dir, "--draft-model", tiny_draft_dir, "--category", "agentic",
+                 "--limit", "1", "--max-new-tokens", "8", "--methods", "specdecode-hybrid", "--no-progress",
+                 "--no-warmup", "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    row = next(r for r in rows if r["method"] == "specdecode-hybrid" and r["category"] == "agentic")
+    assert row["turns"] == 2 and row["lossless_prompts"] == row["prompts"] == 1, row
 
 
 def test_same_draft_is_a_quantized_copy_only_where_our_drafter_drafts_quantized(tiny_model_dir):

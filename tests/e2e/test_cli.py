@@ -62,6 +62,8 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--weights", "fp32", "--kv-cache-dtype", "fp16", "hi"], "an fp16 KV cache needs the native decoder"),
     (["bench", "--weights", "fp8"], "invalid choice"),
     (["generate", "--drafter", "eagle", "--confidence", "0.5", "hi"], "--confidence has no effect"),
+    (["generate", "--drafter", "hybrid", "--draft-model", "x", "--confidence", "0.5", "hi"],
+     "--confidence has no effect with --drafter hybrid"),  # its chain is priced by the rule, not cut by a threshold
     (["generate", "--max-k", "8", "hi"], "--max-k has no effect without --adaptive"),
     (["generate", "--adaptive", "--k", "6", "--max-k", "3", "hi"], "--max-k (3) must be >= --k (6)"),
     (["generate", "--top-p", "0.9", "hi"], "--top-p has no effect with greedy decoding"),

@@ -9,6 +9,7 @@ from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, S
 from specdecode.core.drafting import Capabilities, Draft
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter, registry
+from tests.fakes import ForcedHybrid
 from tests.tiny import tiny_drafter
 
 PROMPTS = {
@@ -77,6 +78,17 @@ def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenize
     assert isinstance(drafter.shortlist, ShortlistHead) and drafter.shortlist.size == 64
     _check_greedy(Engine(tiny_target, drafter, spec), "draft-model", tiny_tokenizer, references)
     assert len(drafter.shortlist.ids) > 0  # tokens beyond the first 64 were seen and scored
+
+
+@pytest.mark.parametrize("free, seed", [(True, 0), (False, 0), (False, 2)], ids=["free", "model", "seeded"])
+def test_hybrid_greedy_equals_plain_on_each_path(free, seed, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
+    """Every step of the hybrid one way (tests.fakes.ForcedHybrid): suffix's trees alone, the draft model's chains
+    alone, and chains led by up to two of suffix's tokens; the rule that picks among them is tested in
+    tests/unit/test_hybrid.py. Free rows: suffix drafts all it finds, so every path is taken often."""
+    spec = SpecConfig(k=4)
+    hybrid = ForcedHybrid(tiny_drafter(tiny_target, "hybrid", spec, tiny_draft_dir, row_cost=0.0), free, seed)
+    _check_greedy(Engine(tiny_target, hybrid, spec), "hybrid", tiny_tokenizer, references)
+    assert (hybrid.free_drafts > 0, hybrid.model_drafts > 0, hybrid.seeded_drafts > 0) == (free, not free, seed > 0)
 
 
 def _check_greedy(engine: Engine, name: str, tiny_tokenizer, references, sampling: SamplingConfig = GREEDY,

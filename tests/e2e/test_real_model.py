@@ -114,7 +114,7 @@ def int4_model():
     return load_model(ModelConfig(weights="int4"))
 
 
-@pytest.mark.parametrize("name", [n for n in registry() if n not in ("none", "draft-model")])
+@pytest.mark.parametrize("name", [n for n, spec in registry().items() if n != "none" and not spec.needs_draft_model])
 def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
     """Every drafter over the quantized default model equals plain greedy decoding of that same quantized
     model, token for token (transformers' `generate` on it differs at rounding-level ties: its SDPA sums

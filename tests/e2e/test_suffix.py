@@ -99,7 +99,8 @@ def test_server_speculation_extension_and_store_metrics(tiny_target):
     assert [r.choices[0].text for r in replies] == [expected.text] * 2
     assert [r.usage.drafter for r in replies] == ["suffix", "suffix"]
     assert replies[1].usage.tau > replies[0].usage.tau
-    assert "specdecode_suffix_store_sequences 2.0" in metrics
-    assert "specdecode_suffix_store_capacity_tokens 4096.0" in metrics
-    hits = [line for line in metrics.splitlines() if line.startswith("specdecode_suffix_store_hits_total ")]
+    assert 'specdecode_suffix_store_sequences{drafter="suffix"} 2.0' in metrics
+    assert 'specdecode_suffix_store_capacity_tokens{drafter="suffix"} 4096.0' in metrics
+    hits = [line for line in metrics.splitlines()
+            if line.startswith('specdecode_suffix_store_hits_total{drafter="suffix"} ')]
     assert hits and float(hits[0].split()[1]) > 0

@@ -18,6 +18,8 @@ from specdecode.drafters import registry
 from specdecode.drafters.common.row_budget import ChainBudget
 from specdecode.drafters.common.shortlist import ShortlistHead
 from specdecode.drafters.draft_model import DraftModel
+from specdecode.drafters.hybrid import Hybrid
+from specdecode.drafters.suffix import Suffix, SuffixConfig
 from tests.stats.chi2 import chi2_pvalue
 from tests.stats.two_tokens import PROMPT, SAMPLING, VOCAB, exact_pairs, sample_pairs, tiny_target
 from tests.tiny import tiny_drafter, tiny_llama
@@ -31,7 +33,15 @@ def GIVEN_COSTS() -> ChainBudget:
     return ChainBudget(lambda: (0.0, [1.0, 1.0, 1.06]), measured=False)
 
 
+def tiny_draft(target: Target, budget: ChainBudget | None = None) -> DraftModel:
+    """The draft model of these tests: a one-layer model over the same vocabulary."""
+    model = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None)
+    return DraftModel(Target(model), target, budget=budget)
+
+
 def build(name: str, target: Target, spec: SpecConfig):
+    if name == "hybrid":  # suffix with free rows, the draft model on given costs (both decide seeded draws)
+        return Hybrid(Suffix(SuffixConfig(row_cost=0.0)), tiny_draft(target, GIVEN_COSTS()), depth=spec.k)
     if name.startswith("draft-model"):  # q drawn from the draft: full precision, int8, or over a shortlist
         model = tiny_llama(vocab_size=VOCAB, layers=1, hidden=32, seed=9, std=0.2, eos_token_id=None)
         if name.endswith("int8"):

@@ -27,6 +27,16 @@ def test_agentic_is_built_in_but_opt_in():
     assert not {q.question_id for q in agentic} & {q.question_id for q in default}
 
 
+def test_agentic_holds_multi_turn_edits_of_whole_code_files():
+    """The edits a coding agent repeats (questions 115-120): a file in a code block, then later turns that ask for
+    the whole file again with one change, the answers a free draft can copy from the earlier ones."""
+    edits = [q for q in load_prompts(only=("agentic",)) if isinstance(q.question_id, int) and q.question_id >= 115]
+    assert len(edits) >= 6 and all(len(q.turns) >= 2 and "```" in q.turns[0] for q in edits)
+    assert all("Return the whole" in turn for q in edits for turn in q.turns)
+    asks = " ".join(turn for q in edits for turn in q.turns)
+    assert all(ask in asks for ask in ("docstring to each function", "rename the variable", "with one change"))
+
+
 def test_unknown_category_names_the_choices():
     with pytest.raises(ConfigError, match="unknown category 'agentics'.*code, agentic"):
         load_prompts(only=("agentics",))

@@ -201,9 +201,15 @@ class ChainBudget:
         if observe is not None:
             observe(seconds)
 
+    def costs(self, seeded: bool) -> tuple[float, Sequence[float]] | None:
+        """(one draft pass, the verify curve) to plan with now, in one-token target passes; None for a seeded
+        sampled sequence when the costs are measured (it must not plan with this machine's timings)."""
+        return None if seeded and self.measured else self._costs()
+
     def walk(self, seeded: bool) -> ChainWalk | None:
         """A new draft's walk; None (draft k tokens) for a seeded sampled sequence when the costs are measured."""
-        return None if seeded and self.measured else self.start()
+        costs = self.costs(seeded)
+        return None if costs is None else ChainWalk(costs[1], costs[0])
 
     def start(self) -> ChainWalk:
         draft_pass, verify = self._costs()
@@ -224,6 +230,12 @@ class ChainWalk:
         now = verify_cost(self.verify, self.kept) + self.drafting
         then = verify_cost(self.verify, self.kept + 1) + self.drafting + extra_pass
         return (self.tokens + reach) * now >= self.tokens * then
+
+    def seed(self, reaches: Sequence[float]) -> None:
+        """Count tokens another drafter proposed ahead of this draft (a free prefix), each with its own estimated
+        chance of being accepted (cumulative): they cost their verify rows and no draft pass."""
+        for reach in reaches:
+            self.reach, self.tokens, self.kept = reach, self.tokens + reach, self.kept + 1
 
     def keep(self, top: float) -> bool:
         """Whether the token just drafted with top probability `top` pays for its verify row (counted if so)."""
