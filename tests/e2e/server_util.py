@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import httpx
+import openai
+
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine, Result
 from specdecode.core.target import Target
@@ -86,3 +89,18 @@ def staggered(engine: Engine, prompts: list[list[int]], max_new_tokens: list[int
             active.remove((i, seq))
         step += 1
     return [outputs[i] for i in range(len(prompts))]
+
+
+CODE_PROMPT = "def add(a, b):\n    return a + b\n\ndef sub("
+
+
+def ask_code_twice(service: Service, target: Target, drafter: str) -> tuple[list, str, str]:
+    """The same code completion asked twice of a served `drafter` (the second can draft from the first's answer in
+    a store) -> (the two replies, /metrics' text, greedy plain decoding's text)."""
+    expected = reference(target, target.tokenizer(CODE_PROMPT)["input_ids"], 32)
+    with serving(service) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        replies = [client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=32, temperature=0,
+                                             extra_body={"speculation": {"drafter": drafter}}) for _ in range(2)]
+        metrics = httpx.get(server.url + "/metrics").text
+    return replies, metrics, expected.text

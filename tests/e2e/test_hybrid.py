@@ -4,13 +4,10 @@ draft-model row and suffix state), through the server's `speculation` extension 
 Greedy equality on every path: tests/e2e/test_greedy_tiny.py; sampling: tests/stats/test_hybrid_sampling.py."""
 from __future__ import annotations
 
-import httpx
-import openai
-
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
-from tests.e2e.server_util import MODEL, SPEC, reference, serving, staggered, tiny_service
+from tests.e2e.server_util import SPEC, ask_code_twice, reference, staggered, tiny_service
 from tests.e2e.test_greedy_tiny import PROMPTS
 from tests.tiny import tiny_drafter
 
@@ -42,14 +39,8 @@ def test_a_request_chooses_hybrid_through_the_speculation_extension(tiny_target,
     hybrid = tiny_drafter(tiny_target, "hybrid", SPEC, tiny_draft_dir, row_cost=0.0)
     suffix = build_drafter(tiny_target, DrafterConfig("suffix", suffix_store=4096, row_cost=0.0), SPEC)
     service = tiny_service(tiny_target, {"suffix": suffix, "hybrid": hybrid}, default="suffix")
-    prompt = "def add(a, b):\n    return a + b\n\ndef sub("
-    expected = reference(tiny_target, tiny_target.tokenizer(prompt)["input_ids"], 32)
-    with serving(service) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        replies = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0,
-                                             extra_body={"speculation": {"drafter": "hybrid"}}) for _ in range(2)]
-        metrics = httpx.get(server.url + "/metrics").text
-    assert [r.choices[0].text for r in replies] == [expected.text] * 2
+    replies, metrics, expected = ask_code_twice(service, tiny_target, "hybrid")
+    assert [r.choices[0].text for r in replies] == [expected] * 2
     assert [r.usage.drafter for r in replies] == ["hybrid", "hybrid"]
     assert hybrid.free_drafts + hybrid.model_drafts > 0
     assert 'specdecode_suffix_store_sequences{drafter="hybrid"} 2.0' in metrics

@@ -4,15 +4,13 @@ store, in batches and through the server's `speculation` extension, and a seeded
 text whatever the store holds."""
 from __future__ import annotations
 
-import httpx
-import openai
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
 from specdecode.drafters.suffix import Suffix
-from tests.e2e.server_util import MODEL, SPEC, reference, serving, staggered, tiny_service
+from tests.e2e.server_util import SPEC, ask_code_twice, reference, staggered, tiny_service
 from tests.e2e.test_greedy_tiny import NEW_TOKENS, PROMPTS, hf_greedy
 from tests.fakes import FIXED_ROW_COST
 from tests.tiny import tiny_drafter
@@ -89,14 +87,8 @@ def test_server_speculation_extension_and_store_metrics(tiny_target):
     drafters = {"prompt-lookup": build_drafter(tiny_target, DrafterConfig("prompt-lookup", row_cost=0.0), SPEC),
                 "suffix": suffix}
     service = tiny_service(tiny_target, drafters)
-    prompt = "def add(a, b):\n    return a + b\n\ndef sub("
-    expected = reference(tiny_target, tiny_target.tokenizer(prompt)["input_ids"], 32)
-    with serving(service) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        replies = [client.completions.create(model=MODEL, prompt=prompt, max_tokens=32, temperature=0,
-                                             extra_body={"speculation": {"drafter": "suffix"}}) for _ in range(2)]
-        metrics = httpx.get(server.url + "/metrics").text
-    assert [r.choices[0].text for r in replies] == [expected.text] * 2
+    replies, metrics, expected = ask_code_twice(service, tiny_target, "suffix")
+    assert [r.choices[0].text for r in replies] == [expected] * 2
     assert [r.usage.drafter for r in replies] == ["suffix", "suffix"]
     assert replies[1].usage.tau > replies[0].usage.tau
     assert 'specdecode_suffix_store_sequences{drafter="suffix"} 2.0' in metrics
