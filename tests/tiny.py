@@ -8,6 +8,10 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
@@ -92,6 +96,33 @@ def tiny_qwen3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: i
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     return _random_norms(model, mean=1.0)
+
+
+def tiny_mistral(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: int = 0, std: float = 0.3,
+                 window: int = 8) -> MistralForCausalLM:
+    """A random Mistral: Llama's layer, every layer attending within a sliding window of `window` tokens (no
+    per-layer types), so short prompts already reach past it."""
+    config = MistralConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+        max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=std,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return _random_norms(MistralForCausalLM(config), mean=1.0)
+
+
+def tiny_phi3(vocab_size: int = 259, layers: int = 3, hidden: int = 64, seed: int = 0,
+              std: float = 0.3) -> Phi3ForCausalLM:
+    """A random Phi-3: Llama's layer with q/k/v in one fused projection and gate/up in another."""
+    config = Phi3Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        original_max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=std,
+        tie_word_embeddings=False, sliding_window=None,
+    )
+    torch.manual_seed(seed)
+    return _random_norms(Phi3ForCausalLM(config), mean=1.0)
 
 
 def _random_norms(model: torch.nn.Module, mean: float) -> torch.nn.Module:

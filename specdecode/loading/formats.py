@@ -33,6 +33,8 @@ _Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS")
 _GGUF_MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                  "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                  "ffn_down": "mlp.down_proj"}
+# architectures whose GGUF tensors hold fused projections (llama.cpp's names; transformers' modules)
+_GGUF_FUSED = {"phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
 
 
 class WeightsError(ValueError):
@@ -95,12 +97,15 @@ def gguf_formats(path: Path) -> dict[str, str | None]:
     """Module-path suffix ("layers.3.self_attn.q_proj", "lm_head") -> "q4", "q8" or None (float), read from the
     GGUF's tensor types (the file is mapped, not read)."""
     formats: dict[str, str | None] = {}
-    types = {tensor.name: tensor.tensor_type.name for tensor in GGUFReader(str(path)).tensors}
+    reader = GGUFReader(str(path))
+    architecture = reader.fields["general.architecture"].contents() if "general.architecture" in reader.fields else ""
+    modules = {**_GGUF_MODULES, **_GGUF_FUSED.get(architecture, {})}
+    types = {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
     for name, kind in types.items():
         fmt = None if kind in ("F32", "F16", "BF16") else "q4" if kind in _Q4_TYPES else "q8"
         match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
-        if match and match.group(2) in _GGUF_MODULES:
-            formats[f"layers.{match.group(1)}.{_GGUF_MODULES[match.group(2)]}"] = fmt
+        if match and match.group(2) in modules:
+            formats[f"layers.{match.group(1)}.{modules[match.group(2)]}"] = fmt
     head = types.get("output.weight", types.get("token_embd.weight"))  # a tied head is the embeddings
     if head is not None:
         formats["lm_head"] = None if head in ("F32", "F16", "BF16") else "q4" if head in _Q4_TYPES else "q8"

@@ -144,12 +144,13 @@ def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
     assert metrics.tau > 1.0
 
 
-@pytest.fixture(scope="module", params=["torch-int8", "int8", "int4", "qwen3 int4", "gemma3 int4"])
+@pytest.fixture(scope="module", params=["torch-int8", "int8", "int4", "qwen3 int4", "gemma3 int4",
+                                                   "mistral int4", "phi3 int4"])
 def quantized_target(request, tiny_model, tiny_tokenizer):
     """The tiny target with quantized linear weights: torch's per-channel int8 kernel, and the packed q8 / q4
-    layers of `--weights int8` / `int4` (backends/cpu/); and tiny Qwen3 and Gemma 3 models (sliding-window
-    layers whose window the prompts pass) packed in int4, whose decoders run natively too. The quantized model IS
-    the target."""
+    layers of `--weights int8` / `int4` (backends/cpu/); and tiny Qwen3, Gemma 3, Mistral (sliding-window layers
+    whose window the prompts pass) and Phi-3 (fused projections) models packed in int4, whose decoders run
+    natively too. The quantized model IS the target."""
     import copy
 
     from specdecode.backends.cpu import native
@@ -157,10 +158,11 @@ def quantized_target(request, tiny_model, tiny_tokenizer):
     from specdecode.core.target import Target
     from specdecode.loading.formats import apply
     from specdecode.loading.load import exact_attention
-    from tests.tiny import tiny_gemma3, tiny_qwen3
+    from tests.tiny import tiny_gemma3, tiny_mistral, tiny_phi3, tiny_qwen3
 
     arch, _, fmt = request.param.rpartition(" ")
-    model = {"qwen3": tiny_qwen3, "gemma3": tiny_gemma3}[arch]() if arch else copy.deepcopy(tiny_model)
+    builders = {"qwen3": tiny_qwen3, "gemma3": tiny_gemma3, "mistral": tiny_mistral, "phi3": tiny_phi3}
+    model = builders[arch]() if arch else copy.deepcopy(tiny_model)
     if fmt == "torch-int8":
         assert quantize_linears(model)
     else:

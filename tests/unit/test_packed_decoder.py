@@ -12,7 +12,7 @@ from specdecode.core.target import Target
 from specdecode.core.trees import build_block
 from specdecode.errors import ConfigError
 from specdecode.loading.formats import apply
-from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen3
+from tests.tiny import tiny_gemma3, tiny_llama, tiny_mistral, tiny_phi3, tiny_qwen3
 
 pytestmark = pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
 
@@ -47,10 +47,11 @@ def llama_heads(hidden: int, heads: int, kv_heads: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
+MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3,
+          "mistral": tiny_mistral, "phi3": tiny_phi3}
 HEAD_LAYOUTS = {**MODELS, "head_dim 64": lambda: llama_heads(256, 4, 2), "head_dim 12": lambda: llama_heads(96, 8, 2)}
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
-LONG_PROMPT = [(7 * i + 3) % 250 + 3 for i in range(45)]  # past tiny_gemma3's window of 8 tokens, as PROMPT is
+LONG_PROMPT = [(7 * i + 3) % 250 + 3 for i in range(45)]  # past the window of 8 tokens (gemma3, mistral), as PROMPT is
 
 
 def prefill(target: Target, ids: list[int], **kwargs):
@@ -76,6 +77,39 @@ def test_a_layer_matches_transformers(arch, fmt):
         assert apart.max() <= most * scale  # ... and now and then a flipped int8 activation code
         assert ours.logits.shape == theirs.logits.shape
     assert (ours.logits.argmax(-1) == theirs.logits.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("arch", list(MODELS))
+def test_greedy_64_tokens_equal_transformers(arch):
+    """64 greedy tokens decoded natively equal those of the model's own forward over the same packed modules
+    (every pass through Target, one token at a time after the prompt): the rounding apart above never decides
+    a token on these models, and past the sliding windows (gemma3, mistral) each layer saw its own window."""
+    from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
+    from specdecode.core.engine import Engine
+    from specdecode.drafters import build_drafter
+
+    model = packed(MODELS[arch](), "int4")
+    outputs = []
+    for target in (Target(model), Target(model, packed_decoder=False)):
+        engine = Engine(target, build_drafter(target, DrafterConfig("none")), SpecConfig())
+        generation = GenerationConfig(max_new_tokens=64, stop_on_eos=False)
+        outputs.append(engine.generate(LONG_PROMPT, SamplingConfig(), generation).token_ids)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 64
+
+
+def test_fused_projections_split_into_views():
+    """Phi-3's qkv_proj and gate_up_proj are cut into the q, k, v and gate, up layers layers.c reads: views of
+    the packed rows (no copy), each equal to its slice of the fused layer's output."""
+    from specdecode.backends.cpu.decoder import _linears
+
+    layer = packed(tiny_phi3(), "int4").model.layers[0]
+    q, k, v, _, gate, up, _ = _linears(layer)
+    x = torch.randn(3, 64)
+    fused, parts = layer.self_attn.qkv_proj(x), torch.cat([q(x), k(x), v(x)], -1)
+    assert torch.equal(fused, parts) and q.codes.data_ptr() == layer.self_attn.qkv_proj.codes.data_ptr()
+    assert torch.equal(layer.mlp.gate_up_proj(x), torch.cat([gate(x), up(x)], -1))
+    with pytest.raises(ValueError, match="do not split"):
+        layer.self_attn.qkv_proj.split((60, 68))
 
 
 @pytest.mark.parametrize("arch", list(MODELS))
@@ -220,10 +254,11 @@ def test_gemma_layers_read_their_own_rotary_table():
     assert not torch.equal(tables["sliding_attention"][0], tables["full_attention"][0])
 
 
-def test_sliding_window_layers_see_their_window_only():
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_sliding_window_layers_see_their_window_only(arch):
     """The match above holds past the window because sliding layers read the windowed mask: given the full
     mask instead, the native model is another model (the test can fail)."""
-    model = packed(tiny_gemma3(), "int8")
+    model = packed(MODELS[arch](), "int8")
     native_target, own = Target(model), Target(model, packed_decoder=False)
     native_target._layer_masks = lambda block: block.mask
     _, ours = prefill(native_target, LONG_PROMPT, hidden=True)

@@ -141,6 +141,26 @@ def test_default_gguf_formats_follow_its_tensor_types():
     assert len(formats) == 30 * 7 + 1
 
 
+def test_phi3_gguf_formats_name_its_fused_projections(tmp_path):
+    """Phi-3's GGUF holds q/k/v in attn_qkv and gate/up in ffn_up: they name transformers' fused modules."""
+    import gguf
+    import numpy as np
+
+    from specdecode.loading.formats import gguf_formats
+
+    writer = gguf.GGUFWriter(tmp_path / "phi3.gguf", "phi3")
+    writer.add_tensor("blk.0.attn_qkv.weight", np.zeros((96, 34), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((96, 18 * 2), np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((32, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_formats(tmp_path / "phi3.gguf") == {
+        "layers.0.self_attn.qkv_proj": "q8", "layers.0.mlp.gate_up_proj": "q4", "layers.0.mlp.down_proj": None}
+
+
 def test_weights_errors_are_one_line(tiny_model_dir):
     from specdecode.errors import ModelError
     from specdecode.loading.load import load_model

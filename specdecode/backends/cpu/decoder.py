@@ -9,7 +9,9 @@ layers' norms are; what layers.c replaces is exactly a Llama / Qwen2 decoder lay
 bias, rotate-half RoPE, grouped-query attention, o, RMSNorm, SiLU-gated MLP), read from the model's modules, never
 copied, and the same layer with what Qwen3 and Gemma 3 add (FAMILIES): per-head q/k norms, Gemma's norms of each
 block's output, its GELU-gated MLP, (1 + w) norm weights and attention scale, and its sliding-window layers, which
-read a windowed copy of the pass's mask (Target._layer_masks) and their own rotary table.
+read a windowed copy of the pass's mask (Target._layer_masks) and their own rotary table. Mistral is Llama's layer
+with every layer in a window (the one windowed mask); Phi-3 is Llama's layer with fused q/k/v and gate/up
+projections, read as views of their packed rows (_linears); Llama 3.x's RoPE scaling is in its rotary table.
 
 A row's arithmetic does not depend on the rest of its pass (layers.c), so the packed model decodes to the same
 tokens whether a token is verified alone or in a tree; transformers' forward on the same modules is the same
@@ -36,8 +38,8 @@ class Family:
     qk_norm: bool = False  # per-head RMS norms of queries and keys (self_attn.q_norm / k_norm)
 
 
-FAMILIES = {"llama": Family(), "qwen2": Family(), "qwen3": Family(qk_norm=True),
-            "gemma3_text": Family(norm_offset=1.0, sandwich=True, qk_norm=True)}
+FAMILIES = {"llama": Family(), "qwen2": Family(), "qwen3": Family(qk_norm=True), "mistral": Family(),
+            "phi3": Family(), "gemma3_text": Family(norm_offset=1.0, sandwich=True, qk_norm=True)}
 ARCHITECTURES = tuple(FAMILIES)
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # layers.c's decoder_layer_t.gelu
 LAYER_KINDS = ("full_attention", "sliding_attention")  # decoder_layer_t.kind: which mask and rotary table
@@ -54,9 +56,8 @@ def unsupported(model: nn.Module) -> str | None:
         return f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}"
     if any(kind not in LAYER_KINDS for kind in getattr(config, "layer_types", None) or ()):
         return f"layer types {sorted(set(config.layer_types) - set(LAYER_KINDS))} are not {' or '.join(LAYER_KINDS)}"
-    if not getattr(config, "layer_types", None) and getattr(config, "use_sliding_window", False) \
-            and getattr(config, "sliding_window", None):
-        return "the model uses a sliding window without per-layer types"
+    if _rotary_share(config) != 1.0:
+        return f"the model rotates {_rotary_share(config)} of each head (partial rotary), layers.c all of it"
     for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, cap, None) is not None:
             return f"the model uses {cap}"
@@ -64,11 +65,39 @@ def unsupported(model: nn.Module) -> str | None:
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "the model has no decoder layer list or rotary embedding"
     for layer in inner.layers:
-        linears = [*(getattr(layer.self_attn, f"{p}_proj", None) for p in ("q", "k", "v", "o")),
-                   *(getattr(layer.mlp, f"{p}_proj", None) for p in ("gate", "up", "down"))]
-        if not all(isinstance(linear, PackedLinear) for linear in linears):
+        if not all(isinstance(linear, PackedLinear) for linear in _linears(layer)):
             return "not every decoder linear layer is packed"
     return native.missing()
+
+
+def _rotary_share(config) -> float:
+    """The share of each head's dimensions that RoPE rotates (Phi-3.5 / Phi-4-mini: 0.75)."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    flat = parameters if "rope_type" in parameters or not parameters else next(iter(parameters.values()))
+    return float(flat.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0))
+
+
+def _linears(layer: nn.Module) -> list[nn.Module | None]:
+    """A decoder layer's projections as layers.c reads them: q, k, v, o, gate, up, down. Phi-3 fuses q/k/v into
+    qkv_proj and gate/up into gate_up_proj (in that order, as its forward splits them): those are split into views
+    of their packed rows, read in place, never copied."""
+    attention, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
+    if qkv is not None:
+        q = attention.config.num_attention_heads * attention.head_dim
+        kv = attention.num_key_value_heads * attention.head_dim
+        fused_qkv = qkv.split((q, kv, kv)) if isinstance(qkv, PackedLinear) and qkv.splits((q, kv, kv)) else [None]
+        attention_linears = [*fused_qkv, getattr(attention, "o_proj", None)]
+    else:
+        attention_linears = [getattr(attention, f"{p}_proj", None) for p in ("q", "k", "v", "o")]
+    if gate_up is not None:
+        half = gate_up.out_features // 2
+        fused = gate_up.split((half, half)) if isinstance(gate_up, PackedLinear) and gate_up.splits((half, half)) \
+            else [None]
+        mlp_linears = [*fused, getattr(mlp, "down_proj", None)]
+    else:
+        mlp_linears = [getattr(mlp, f"{p}_proj", None) for p in ("gate", "up", "down")]
+    return [*attention_linears, *mlp_linears]
 
 
 def _activation(config) -> str:
@@ -162,15 +191,14 @@ class PackedDecoder:
         return (norm.weight.detach().float() + self.family.norm_offset).contiguous()
 
     def _add_layer(self, layer: nn.Module, config, kind: str) -> None:
-        attention, mlp, family = layer.self_attn, layer.mlp, self.family
+        attention, family = layer.self_attn, self.family
         if family.sandwich:  # Gemma: post_attention_layernorm is the attention output's; the MLP's input has its own
             norm_post, attn_out, mlp_out = (layer.pre_feedforward_layernorm, layer.post_attention_layernorm,
                                             layer.post_feedforward_layernorm)
         else:
             norm_post, attn_out, mlp_out = layer.post_attention_layernorm, None, None
         q_norm, k_norm = (attention.q_norm, attention.k_norm) if family.qk_norm else (None, None)
-        linears = [*(getattr(attention, f"{p}_proj") for p in ("q", "k", "v", "o")),
-                   *(getattr(mlp, f"{p}_proj") for p in ("gate", "up", "down"))]
+        linears = _linears(layer)
         scale = getattr(attention, "scaling", None) or self.head_dim ** -0.5
         self.stack.add_layer([linear.codes for linear in linears], [linear.d for linear in linears],
                              [linear.m for linear in linears], [linear.bias for linear in linears],
