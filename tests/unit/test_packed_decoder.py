@@ -47,8 +47,21 @@ def llama_heads(hidden: int, heads: int, kv_heads: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-MODELS = {"llama": lambda: tiny_llama(), "qwen2": tiny_qwen2, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3,
-          "mistral": tiny_mistral, "phi3": tiny_phi3}
+def tiny_llama3() -> LlamaForCausalLM:
+    """Llama 3.x: Llama's layer with its RoPE scaling (low frequencies stretched past an original context of 16
+    positions, so the prompts here reach the scaled band)."""
+    model = tiny_llama(layers=2)
+    config = copy.deepcopy(model.config)
+    config.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    torch.manual_seed(1)
+    scaled = LlamaForCausalLM(config).eval()
+    assert scaled.model.rotary_emb.rope_type == "llama3"
+    return scaled
+
+
+MODELS = {"llama": lambda: tiny_llama(), "llama3": tiny_llama3, "qwen2": tiny_qwen2, "qwen3": tiny_qwen3,
+          "gemma3": tiny_gemma3, "mistral": tiny_mistral, "phi3": tiny_phi3}
 HEAD_LAYOUTS = {**MODELS, "head_dim 64": lambda: llama_heads(256, 4, 2), "head_dim 12": lambda: llama_heads(96, 8, 2)}
 PROMPT = [5, 17, 99, 3, 42, 42, 7, 120, 64, 9, 33]
 LONG_PROMPT = [(7 * i + 3) % 250 + 3 for i in range(45)]  # past the window of 8 tokens (gemma3, mistral), as PROMPT is
