@@ -2,7 +2,8 @@
 llama-cpp-python==0.3.36`, which builds llama.cpp from source; CI does not). It decodes the model's own GGUF
 file with its own kernels, greedy (or sampling at --temperature), on the prompt ids our tokenizer made (the
 same vocabulary). Its arithmetic is its own, so its outputs are not compared with the baseline's: the report
-shows its speed only. Absent package or a model without a GGUF: the method is skipped with one line."""
+shows its speed only. Absent package or a model without a GGUF: the method is skipped with one line.
+`bench-quality` reads its teacher-forced logits (`teacher_forced_logits`) for a perplexity row."""
 from __future__ import annotations
 
 import importlib
@@ -35,6 +36,21 @@ def unavailable(model_name: str | None) -> str | None:
 
 def gguf_file(model_name: str | None) -> Path:
     return gguf_source(model_name)
+
+
+def teacher_forced_logits(model_name: str | None, ids: list[int]) -> torch.Tensor:
+    """llama.cpp's logits at every position of `ids` over the model's GGUF [n, vocab]: row i scores token i + 1.
+    One `eval` with logits_all (it decodes in n_batch slices, 512, and keeps every slice's rows in `scores`,
+    [n_ctx, vocab]); a context of exactly n tokens, so the text is never truncated."""
+    from llama_cpp import Llama  # an optional dependency: imported only when the peer runs
+
+    llm = Llama(model_path=str(gguf_file(model_name)), n_ctx=len(ids), n_threads=torch.get_num_threads(),
+                logits_all=True, verbose=False)
+    try:
+        llm.eval(ids)
+        return torch.from_numpy(llm.scores[: len(ids)].copy())  # [n, vocab] float32
+    finally:
+        llm.close()
 
 
 def runner(model_name: str | None, eos: list[int]) -> Callable:

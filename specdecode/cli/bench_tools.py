@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def register_quality(subparsers, name: str = "bench-quality") -> argparse.Argume
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="packaged model name, HF dir, .gguf or hub id (default: SmolLM2)")
     parser.add_argument("--formats", default=",".join(quality.FORMATS),
-                        help=f"comma list of {', '.join(quality.FORMATS)}")
+                        help=f"comma list of {', '.join(quality.FORMATS)} ({quality.LLAMACPP}: llama.cpp on the "
+                             "model's GGUF, skipped with one line without llama-cpp-python)")
     parser.add_argument("--text", default=None, help="UTF-8 text file (default: the shipped data/quality.txt)")
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--out", default=None, help="write the rows as JSON here too")
@@ -96,10 +98,17 @@ def cmd_quality(args: argparse.Namespace) -> int:
         text = Path(args.text).read_text(encoding="utf-8") if args.text else quality.shipped_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read --text {args.text!r}: {error}") from None
-    rows = quality.measure(args.model, formats, text, args.max_tokens)
+    skipped = quality.llamacpp_skipped(args.model, formats)
+    if skipped:  # as the bench's llamacpp method: one line, the other rows run, named or not
+        print(f"specdecode bench-quality: {skipped}", file=sys.stderr)
+        formats = tuple(f for f in formats if f != quality.LLAMACPP)
+    rows = quality.measure(args.model, formats, text, args.max_tokens) if formats else []
     print("| format | greedy agreement with float32 | perplexity |\n|---|---|---|")
     for row in rows:
         print(f"| {row.format} | {row.agreement:.4f} | {row.perplexity:.3f} |")
+    ratio = quality.llamacpp_ratio(rows, quality.default_format(args.model))
+    if ratio:
+        print(ratio)
     if args.out:
         Path(args.out).write_text(json.dumps([asdict(row) for row in rows], indent=2))
     return 0
