@@ -80,3 +80,18 @@ def test_a_forced_variant_decodes_losslessly(variant, monkeypatch):
     finally:
         monkeypatch.delenv(native.CHOICE)
         native._best_index.cache_clear()
+
+
+def test_the_kernels_load_without_the_library_behind_them():
+    """Importing the package, then loading the kernels, imports torch and the extension only: not transformers
+    or the engine (the package's names load on first use), so a first import costs torch's import and little
+    more. Checked by what is imported, not by a time."""
+    script = ("import sys, specdecode\n"
+              "assert 'torch' not in sys.modules\n"
+              "from specdecode.backends.cpu import native\n"
+              "native.ops()\n"
+              "assert not [m for m in sys.modules if m.split('.')[0] == 'transformers' or m == 'specdecode.api']\n"
+              "from specdecode import SpecDecoder\n"
+              "assert 'transformers' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
