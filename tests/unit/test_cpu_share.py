@@ -1,7 +1,7 @@
 """CpuShare: threads per pass, leaving the cores other processes use (fake clocks and counters)."""
 import pytest
 
-from specdecode.backends.cpu.share import CpuShare
+from specdecode.backends.cpu.share import CpuShare, TorchThreads
 
 
 class FakeMachine:
@@ -52,3 +52,44 @@ def test_a_budget_of_one_or_no_counters_needs_no_look():
     assert machine.share(budget=1).threads() == 1
     blind = CpuShare(lambda: 2, read_stat=lambda: None)
     assert blind.threads() == 2
+
+
+class FakeTorch:
+    def __init__(self, threads: int):
+        self.threads, self.puts = threads, []
+
+    def get(self) -> int:
+        return self.threads
+
+    def put(self, threads: int) -> None:
+        self.threads = threads
+        self.puts.append(threads)
+
+
+def test_torch_threads_follow_the_share_and_come_back():
+    """torch's count follows CpuShare's answer, the budget stays the count set before (2), and a machine that
+    is quiet again gets every thread back."""
+    fake = FakeTorch(2)
+    machine = FakeMachine()
+    threads = TorchThreads(fake.get, fake.put)
+    share = CpuShare(threads.budget, machine_cores=2, read_stat=lambda: (machine.busy, machine.total),
+                     clock=lambda: machine.wall, own_cpu=lambda: machine.own)
+    answers = []
+    for ours, others in ((2.0, 0.0), (1.0, 1.0), (1.0, 1.0), (2.0, 0.0)):
+        machine.run(0.5, ours, others)
+        answers.append(share.threads())
+        threads.follow(answers[-1])
+    assert answers == [2, 1, 1, 2] and fake.puts == [1, 2] and threads.budget() == 2
+
+
+def test_a_count_set_by_someone_else_is_the_new_budget():
+    """`--threads 4` (or any torch.set_num_threads this object did not make) becomes the budget; its own
+    lowering does not."""
+    fake = FakeTorch(2)
+    threads = TorchThreads(fake.get, fake.put)
+    threads.follow(1)
+    assert fake.threads == 1 and threads.budget() == 2
+    fake.threads = 4
+    assert threads.budget() == 4
+    threads.follow(4)
+    assert fake.puts == [1] and threads.budget() == 4

@@ -26,7 +26,7 @@ from torch import nn
 
 from specdecode.backends.cpu import native
 from specdecode.backends.cpu.linear import PackedLinear
-from specdecode.backends.cpu.share import CpuShare
+from specdecode.backends.cpu.share import CpuShare, TorchThreads
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,9 @@ class PackedDecoder:
         self._norm_eps = _eps(self.norm, config)
         typed = isinstance(getattr(self.rotary, "rope_type", None), dict)  # one table per layer type (Gemma 3)
         self.ropes = {kind: RotaryTable(self.rotary, kind if typed else None) for kind in set(self.layer_types)}
-        self.share = CpuShare(torch.get_num_threads)  # threads per pass, fewer while other processes hold cores
+        # threads per pass, fewer while other processes hold cores; torch's own operations follow the same count
+        self.torch_threads = TorchThreads(torch.get_num_threads, torch.set_num_threads)
+        self.share = CpuShare(self.torch_threads.budget)
 
     def _norm(self, norm: nn.Module | None) -> torch.Tensor | None:
         """An RMSNorm's weight as layers.c multiplies by it, float32; None for no norm."""
@@ -237,6 +239,7 @@ class PackedDecoder:
             ends = [max(ends[0], kv_len)]
         like = x.new_empty(1, self.kv_heads, 0, self.head_dim, dtype=self.kv_dtype)
         count, threads = num_layers or self.num_layers, self.share.threads()
+        self.torch_threads.follow(threads)
         pointers = cache.row_pointers(count, ends, like)  # [layers, 3, b]: keys, values, capacities
         self.stack.forward(x, starts, [c for c, _ in used], [s for _, s in used], pointers, slot_list, seen, count,
                            threads)

@@ -68,3 +68,29 @@ class CpuShare:
         free = min(budget, self.machine_cores - others)
         self._threads = budget if others < BUSY_OTHERS else max(1, int(free))
         return self._threads
+
+
+class TorchThreads:
+    """torch's intra-op thread count following CpuShare's answer, so the torch operations between native calls
+    (the head's softmax and argmax over the vocabulary, the verifier's and drafters' tensors) stop waiting at
+    their own barriers for a thread another process preempted. The budget is the count someone else set last
+    (`--threads`, torch's default): a change this object did not make is taken as the new budget."""
+
+    def __init__(self, get: Callable[[], int], put: Callable[[int], None]):
+        """get / put: torch.get_num_threads / torch.set_num_threads (injected for tests)."""
+        self.get, self.put = get, put
+        self._budget, self._mine = get(), None
+
+    def budget(self) -> int:
+        current = self.get()
+        if current != self._mine:
+            self._budget = current
+        return self._budget
+
+    def follow(self, threads: int) -> None:
+        """Make torch use `threads` (a CpuShare answer at most the budget) until the next call."""
+        if self.get() != threads:
+            self.budget()  # a count set by someone else since the last call becomes the budget first
+            self.put(threads)
+        self._mine = threads
+
