@@ -17,6 +17,7 @@ from specdecode.config import (
 from specdecode.drafters import AUTO, best_drafter_name, check_options_read, registry
 from specdecode.drafters.lookahead import LookaheadConfig
 from specdecode.errors import ConfigError, OptionError
+from specdecode.loading.packages import PACKAGED
 
 EXIT_USAGE = 2
 
@@ -38,8 +39,8 @@ def usage_error(error: Exception) -> str:
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:
     parser.add_argument("--model", default=None,
-                        help="packaged model (smollm2-135m-instruct, qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), HF model "
-                             "dir, .gguf file or hub id (default: smollm2-135m-instruct)")
+                        help=f"packaged model ({', '.join(PACKAGED)}), HF model dir, .gguf file or hub id (default: "
+                             "smollm2-135m-instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
                         help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
                              "measured one for the device, drafters.BEST_DRAFTER)")
