@@ -184,25 +184,6 @@ class HalfEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = table.shape
         self.padding_idx, self.scale = padding_idx, scale
 
-    def splits(self, sizes: tuple[int, ...]) -> bool:
-        """Whether `split(sizes)` can cut this layer: the sizes add up to its outputs, each a whole number of
-        column groups."""
-        return sum(sizes) == self.out_features and all(size % GROUP == 0 for size in sizes)
-
-    def split(self, sizes: tuple[int, ...]) -> list[PackedLinear]:
-        """The layer's outputs cut into consecutive layers of `sizes` columns (a fused projection's parts: Phi-3's
-        qkv_proj, gate_up_proj), each a view of this layer's packed groups and its bias, not a copy."""
-        if not self.splits(sizes):
-            raise ValueError(f"{self.out_features} outputs do not split into {sizes} in groups of {GROUP}")
-        parts, start = [], 0
-        for size in sizes:
-            rows = slice(start // GROUP, (start + size) // GROUP)
-            parts.append(PackedLinear.from_packed(self.codes[rows], self.d[rows],
-                                                  None if self.m is None else self.m[rows],
-                                                  None if self.bias is None else self.bias.data[start:start + size]))
-            start += size
-        return parts
-
     @property
     def weight(self) -> torch.Tensor:
         return self.table.float()
