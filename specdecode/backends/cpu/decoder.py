@@ -78,26 +78,24 @@ def _rotary_share(config) -> float:
 
 
 def _linears(layer: nn.Module) -> list[nn.Module | None]:
-    """A decoder layer's projections as layers.c reads them: q, k, v, o, gate, up, down. Phi-3 fuses q/k/v into
-    qkv_proj and gate/up into gate_up_proj (in that order, as its forward splits them): those are split into views
-    of their packed rows, read in place, never copied."""
+    """A decoder layer's projections as layers.c reads them: q, k, v, o, gate, up, down (None where one is
+    missing). Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj (in that order, as its forward splits
+    them): those are cut into views of their packed rows, read in place, never copied."""
     attention, mlp = layer.self_attn, layer.mlp
-    qkv, gate_up = getattr(attention, "qkv_proj", None), getattr(mlp, "gate_up_proj", None)
-    if qkv is not None:
-        q = attention.config.num_attention_heads * attention.head_dim
-        kv = attention.num_key_value_heads * attention.head_dim
-        fused_qkv = qkv.split((q, kv, kv)) if isinstance(qkv, PackedLinear) and qkv.splits((q, kv, kv)) else [None]
-        attention_linears = [*fused_qkv, getattr(attention, "o_proj", None)]
-    else:
-        attention_linears = [getattr(attention, f"{p}_proj", None) for p in ("q", "k", "v", "o")]
-    if gate_up is not None:
-        half = gate_up.out_features // 2
-        fused = gate_up.split((half, half)) if isinstance(gate_up, PackedLinear) and gate_up.splits((half, half)) \
-            else [None]
-        mlp_linears = [*fused, getattr(mlp, "down_proj", None)]
-    else:
-        mlp_linears = [getattr(mlp, f"{p}_proj", None) for p in ("gate", "up", "down")]
-    return [*attention_linears, *mlp_linears]
+    config, head_dim = attention.config, attention.head_dim
+    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    half = getattr(getattr(mlp, "gate_up_proj", None), "out_features", 0) // 2
+    return [*_parts(attention, ("q", "k", "v"), "qkv_proj", (q, kv, kv)), getattr(attention, "o_proj", None),
+            *_parts(mlp, ("gate", "up"), "gate_up_proj", (half, half)), getattr(mlp, "down_proj", None)]
+
+
+def _parts(module: nn.Module, names: tuple[str, ...], fused: str, sizes: tuple[int, ...]) -> list[nn.Module | None]:
+    """module's `{name}_proj` layers, or the packed layer `fused` cut into them by `sizes` (None each where it
+    cannot be)."""
+    whole = getattr(module, fused, None)
+    if whole is None:
+        return [getattr(module, f"{name}_proj", None) for name in names]
+    return whole.split(sizes) if isinstance(whole, PackedLinear) and whole.splits(sizes) else [None] * len(names)
 
 
 def _activation(config) -> str:
