@@ -7,6 +7,7 @@ import functools
 import ipaddress
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -143,7 +144,7 @@ def _serve_replicas(args: argparse.Namespace, config: ServeConfig, scaling: Scal
         import ray
         from ray import serve
 
-        from specdecode.server.replicas import APP_NAME, ReplicaSettings, application
+        from specdecode.server.replicas import ReplicaSettings, start
     except ImportError:
         raise ConfigError("--replicas needs Ray Serve: pip install 'ray[serve]==2.60.0'") from None
 
@@ -155,13 +156,14 @@ def _serve_replicas(args: argparse.Namespace, config: ServeConfig, scaling: Scal
     ray.init(address=scaling.ray_address, **local)
     signal.signal(signal.SIGTERM, _interrupt)  # stopped like Ctrl-C: the application and Ray shut down cleanly
     try:
-        serve.start(http_options={"host": args.host, "port": args.port,
-                                  "keep_alive_timeout_s": args.timeout_keep_alive})
         try:
-            serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=True)
-        except RuntimeError as error:  # a replica failed to start (Serve's message ends with the cause)
+            start(settings, {"host": args.host, "port": args.port, "keep_alive_timeout_s": args.timeout_keep_alive})
+        except (RuntimeError, TimeoutError) as error:  # a replica failed to start (Serve's message ends with the
+            # cause), or Serve did not start within start()'s patience
             lines = [line for line in str(error).splitlines() if line.strip()]
             raise ConfigError(f"the replicas did not start: {lines[-1].strip() if lines else error}") from None
+        while True:  # serving until Ctrl-C or SIGTERM (_interrupt)
+            time.sleep(10)
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -82,6 +83,57 @@ def application(settings: ReplicaSettings):
     engines = serve.deployment(EngineReplica).options(**settings.deployment_options())
     return Frontend.options(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000).bind(
         engines.bind(settings.build, settings.threads))
+
+
+# -- start-up -------------------------------------------------------------------------------------------------
+PATIENCE_S = 600.0  # how long start() waits for Serve's proxies and the replicas on a slow or busy machine
+POLL_S = 1.0
+STARTING = (TimeoutError, ray.exceptions.RayActorError)  # what serve.start / serve.run raise while Serve starts
+
+
+def start(settings: ReplicaSettings, http_options: dict, patience_s: float = PATIENCE_S,
+          clock: Callable[[], float] = time.monotonic) -> None:
+    """Start Serve and run the application, waiting up to `patience_s` for its HTTP proxies and replicas.
+
+    serve.start and serve.run each give up when the proxy actor is not serving yet, although Serve goes on
+    starting it: after Ray's fixed 60 s (`HTTP_PROXY_TIMEOUT`, a TimeoutError), or at once when the controller
+    kills a proxy that was not ready within its check (5 s, then 10, 15, ...: an ActorDiedError). On a 2-core
+    machine whose cores other processes held, both happened and the replicas never started. So either is
+    waited out here, from `serve.status()`, against our own deadline; a failed deployment still raises
+    RuntimeError at once."""
+    deadline = clock() + patience_s
+    try:
+        serve.start(http_options=http_options)
+    except STARTING as error:  # the controller is up (a second start would connect to it), the proxy not yet
+        log.warning("Serve's proxy is not serving yet (%s); waiting up to %.0f s in all.", _first_line(error),
+                    patience_s)
+    try:
+        serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=False)
+        return
+    except STARTING as error:
+        log.warning("Serve's proxy is not serving yet (%s); waiting up to %.0f s in all.", _first_line(error),
+                    patience_s)
+    while (waiting := _not_ready(serve.status())) is not None:
+        if clock() > deadline:
+            raise TimeoutError(f"Ray Serve did not start within {patience_s:.0f} s: {waiting}")
+        time.sleep(POLL_S)
+
+
+def _first_line(error: Exception) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
+def _not_ready(status) -> str | None:
+    """What a serve.status() still waits for (None: every proxy serves and the application runs); a failed
+    application raises RuntimeError, as serve.run does."""
+    proxies = {str(getattr(state, "value", state)) for state in status.proxies.values()}
+    if not proxies or proxies - {"HEALTHY"}:
+        return f"proxies {sorted(proxies) or 'not started'}"
+    app = status.applications.get(APP_NAME)
+    state = str(getattr(app.status, "value", app.status)) if app is not None else "NOT_STARTED"
+    if state == "DEPLOY_FAILED":
+        raise RuntimeError(f"Deploying application {APP_NAME} failed: {app.message}")
+    return None if state == "RUNNING" else f"application {state}"
 
 
 # -- sticky routing ------------------------------------------------------------------------------------------------

@@ -94,3 +94,50 @@ def test_metrics_get_a_replica_label_and_one_header_per_family():
                 if s.name == "specdecode_requests_total"}
     assert requests == {"0": 3, "1": 5}
     assert {s.labels["replica"] for s in families["specdecode_time_to_first_token_seconds"].samples} == {"0", "1"}
+
+
+class FakeServe:
+    """serve.start / serve.run / serve.status as a busy machine gave them: start timed out after Ray's 60 s, run
+    met a proxy the controller had killed for not being ready in time, and Serve went on starting: the proxy
+    serves and the application runs `ready_after` polls later."""
+
+    def __init__(self, ready_after: int, app_state: str = "RUNNING"):
+        self.ready_after, self.app_state, self.polls, self.calls = ready_after, app_state, 0, []
+
+    def start(self, http_options):
+        self.calls.append("start")
+        raise TimeoutError("HTTP proxies not available after 60s.")
+
+    def run(self, app, name, route_prefix, blocking):
+        self.calls.append("run")
+        raise replicas.ray.exceptions.ActorDiedError()  # the controller killed a proxy not ready in its check
+
+    def status(self):
+        from types import SimpleNamespace
+        self.polls += 1
+        ready = self.polls > self.ready_after
+        app = SimpleNamespace(status=self.app_state if ready else "DEPLOYING", message="replica crashed: boom")
+        return SimpleNamespace(proxies={"node": "HEALTHY" if ready else "STARTING"},
+                               applications={"specdecode": app})
+
+
+def _start(monkeypatch, fake: FakeServe, patience_s: float):
+    now = [0.0]
+    monkeypatch.setattr(replicas, "serve", fake)
+    monkeypatch.setattr(replicas, "application", lambda settings: "app")
+    monkeypatch.setattr(replicas.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    replicas.start(None, {}, patience_s=patience_s, clock=lambda: now[0])
+    return now[0]
+
+
+def test_start_waits_out_rays_60_s_proxy_timeout_up_to_its_own_patience(monkeypatch):
+    fake = FakeServe(ready_after=90)
+    waited = _start(monkeypatch, fake, patience_s=600)
+    assert fake.calls == ["start", "run"] and 89 <= waited <= 91
+    with pytest.raises(TimeoutError, match="did not start within 30 s: proxies"):
+        _start(monkeypatch, FakeServe(ready_after=90), patience_s=30)
+
+
+def test_start_raises_a_failed_deployment_at_once(monkeypatch):
+    with pytest.raises(RuntimeError, match="replica crashed: boom"):
+        _start(monkeypatch, FakeServe(ready_after=3, app_state="DEPLOY_FAILED"), patience_s=600)
