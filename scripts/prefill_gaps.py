@@ -6,12 +6,11 @@ idle gap between SSE events, and the median and largest gap while the prompt is 
 """
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import sys
-import threading
 import time
-
-import httpx
 
 from specdecode.config import DrafterConfig, ModelConfig
 from specdecode.server.app import create_app
@@ -21,30 +20,37 @@ from specdecode.server.service import ServeConfig, build_service
 LONG_PROMPT = " ".join(f"item{i} is a word" for i in range(440))  # 2,970 tokens for SmolLM2
 
 
-def stream_times(url: str, model: str, times: list[float]) -> None:
-    """A stream of one token per step (no speculation) that does not stop at EOS; each event's arrival time."""
-    body = {"model": model, "prompt": "Count from one to one thousand: one, two, three,", "max_tokens": 1200,
-            "ignore_eos": True, "temperature": 0, "stream": True, "speculation": {"drafter": "none"}}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as reply:
-        for line in reply.iter_lines():
-            if line.startswith("data: {"):
-                times.append(time.perf_counter())
-
-
+STREAM = """
+import json, sys, time
+import httpx
+body = {"model": sys.argv[2], "prompt": "Count from one to one thousand: one, two, three,", "max_tokens": 1500,
+        "ignore_eos": True, "temperature": 0, "stream": True, "speculation": {"drafter": "none"}}
+times = []
+with httpx.stream("POST", sys.argv[1] + "/v1/completions", json=body, timeout=300) as reply:
+    for line in reply.iter_lines():
+        if line.startswith("data: {"):
+            times.append(time.perf_counter())
+print(json.dumps(times))
+"""
 def trial(server: BackgroundServer, model: str) -> str:
-    times: list[float] = []
-    thread = threading.Thread(target=stream_times, args=(server.url, model, times))
-    thread.start()
-    time.sleep(2.0)
+    """Both clients are processes of their own: in this process their threads took CPU and the GIL from the
+    server's and held the stream longer than the server did; the long request is curl's, as a second Python
+    process starting up took the CPU from the stream's client and delayed its reads by up to 170 ms
+    (perf_counter is the machine's monotonic clock, the same in every process)."""
+    stream = subprocess.Popen([sys.executable, "-c", STREAM, server.url, model], stdout=subprocess.PIPE, text=True)
+    time.sleep(4.0)
     sent = time.perf_counter()
-    reply = httpx.post(server.url + "/v1/completions", timeout=300,
-                       json={"model": model, "prompt": LONG_PROMPT, "max_tokens": 1, "temperature": 0})
+    curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Content-Type: application/json",
+            "--data-binary", "@-", server.url + "/v1/completions"]
+    status = subprocess.run(curl, capture_output=True, text=True,
+                            input=json.dumps({"model": model, "prompt": LONG_PROMPT, "max_tokens": 1,
+                                              "temperature": 0})).stdout
     done = time.perf_counter()
-    thread.join()
+    times = json.loads(stream.communicate()[0])
     gaps = [(later - earlier, earlier) for earlier, later in zip(times, times[1:])]
     idle = statistics.median(gap for gap, at in gaps if at < sent - 0.2)
     during = [gap for gap, at in gaps if sent <= at <= done]
-    return (f"long request {done - sent:.2f} s ({reply.status_code}); stream gap idle {idle * 1000:.1f} ms, during "
+    return (f"long request {done - sent:.2f} s ({status}); stream gap idle {idle * 1000:.1f} ms, during "
             f"prefill median {statistics.median(during) * 1000:.1f} ms, max {max(during) * 1000:.1f} ms "
             f"({max(during) / idle:.1f}x idle)")
 

@@ -71,9 +71,10 @@ class SchedulerConfig:
     kv_cache_bytes: int | None = None  # KV memory that admitted requests may reserve (None: unbounded)
     prefill_chunk: int = 256  # most prompt tokens prefilled per round
     prefill_share: float = 0.5  # while rows decode, prefill's time as a share of decoding time
-    # while rows decode, a step carrying a chunk adds about this many plain steps: a running stream then waits at
-    # most about 1 + prefill_burst times its usual gap (2: 3x, where 6 let a 3,000-token prompt hold streams 12-24x)
-    prefill_burst: float = 2.0
+    # while rows decode, a step carrying a chunk adds about this many plain steps: a running stream then waits
+    # about 1 + prefill_burst times its usual gap (1: 2x, leaving room for the VM's noise below the 3x bound; 2 held
+    # streams 5-8x with a 3,000-token prompt, 6 held them 12-24x; docs/serving.md)
+    prefill_burst: float = 1.0
     stall_s: float = 30.0  # a round (chunk + step) longer than this, with work pending, is a stall
 
     def __post_init__(self) -> None:
@@ -86,6 +87,8 @@ class SchedulerConfig:
 MIN_CHUNK = 1  # the fewest prompt tokens a step carries while rows decode
 FIRST_CHUNK = MIN_CHUNK  # ... and how many before a step carrying one has been timed (it doubles while it fits)
 CHUNK_SAMPLES = 16  # the last chunk steps the chunk's cost is fitted on
+GROWTH = 1.25  # once fitted, a chunk grows at most this much (or one token) a step: one cheap sample, whose fit
+# let the next chunk double, made the steps that held streams longest (12 tokens where 6 fitted: 8x idle)
 
 
 @dataclass(frozen=True)
@@ -419,9 +422,9 @@ class Scheduler:
     def _adapt_chunk(self, seconds: float, tokens: int) -> None:
         """After a step that carried `tokens` prompt tokens next to decoding rows: charge the time they added
         (over a plain step) to the credit, and size the next chunk so that it adds about `prefill_burst` plain
-        steps, within [MIN_CHUNK, prefill_chunk], at most doubling. The added time is fitted as fixed + per token
-        over the last chunk steps: carrying even one token costs the step something of its own (a second row),
-        and a prompt token's cost grows with the context it attends to."""
+        steps, within [MIN_CHUNK, prefill_chunk], doubling at first, then by GROWTH at most. The added time is fitted
+        as fixed + per token over the last chunk steps: carrying even one token costs the step something of its
+        own (a second row), and a prompt token's cost grows with the context it attends to."""
         if not self._plain_steps:
             return
         plain = min(self._plain_steps)
@@ -440,7 +443,10 @@ class Scheduler:
             # fixed cost, up to as much again (one token a step would pay the fixed cost for every token)
             budget = target - fixed if fixed < target else fixed
             room = budget / per_token if per_token > 0 else self._chunk * 2
-        self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, self._chunk * 2, int(room + 1e-9)))
+        # doubling only until a size has been timed twice: later, the last 16 chunk steps all of one size (the fit
+        # then has no second size) doubled a settled chunk, and a step held streams twice the bound
+        most = self._chunk * 2 if len(self._chunk_costs) <= 1 else max(self._chunk + 1, self._chunk * GROWTH)
+        self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, int(most + 1e-9), int(room + 1e-9)))
 
     def _earn(self, seconds: float) -> None:
         """A plain step while prompts wait: its time, times the share, pays for prefill; nothing is saved up

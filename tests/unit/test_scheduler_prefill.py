@@ -50,13 +50,18 @@ def test_chunks_are_sized_from_the_fitted_cost_of_a_chunk_step(scheduler, fixed,
     """Synthetic timings: a plain step `plain`, a chunk of n tokens adding fixed + n x per_token. The chunk settles
     where the step it rides in costs about 1 + prefill_burst plain steps (no more), at least one token."""
     scheduler._plain_steps.extend([plain] * 8)
-    for _ in range(12):
+    sizes = []
+    for _ in range(24):
         n = scheduler._chunk
         scheduler._adapt_chunk(plain + fixed + n * per_token, n)
+        sizes.append(scheduler._chunk)
     budget = scheduler.config.prefill_burst * plain
-    best = max(1, int((budget - fixed) / per_token))
+    # where carrying anything costs more than the bound, the tokens spread the fixed cost, up to as much again
+    best = max(1, int((budget - fixed) / per_token)) if fixed < budget else int(fixed / per_token)
     assert scheduler._chunk == best
-    assert fixed + scheduler._chunk * per_token <= budget or scheduler._chunk == 1
+    assert fixed + scheduler._chunk * per_token <= max(budget, 2 * fixed) or scheduler._chunk == 1
+    grown = [later / earlier for earlier, later in zip(sizes[1:], sizes[2:])]  # once the fit has two sizes
+    assert all(ratio <= max(scheduling.GROWTH, 1 + 1 / earlier) for ratio, earlier in zip(grown, sizes[1:]))
 
 
 def test_the_fit_separates_a_chunk_steps_fixed_cost():
