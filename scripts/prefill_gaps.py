@@ -32,6 +32,8 @@ with httpx.stream("POST", sys.argv[1] + "/v1/completions", json=body, timeout=30
             times.append(time.perf_counter())
 print(json.dumps(times))
 """
+
+
 def trial(server: BackgroundServer, model: str) -> str:
     """Both clients are processes of their own: in this process their threads took CPU and the GIL from the
     server's and held the stream longer than the server did; the long request is curl's, as a second Python

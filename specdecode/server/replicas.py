@@ -102,18 +102,17 @@ def start(settings: ReplicaSettings, http_options: dict, patience_s: float = PAT
     waited out here, from `serve.status()`, against our own deadline; a failed deployment still raises
     RuntimeError at once."""
     deadline = clock() + patience_s
-    try:
-        serve.start(http_options=http_options)
-    except STARTING as error:  # the controller is up (a second start would connect to it), the proxy not yet
-        log.warning("Serve's proxy is not serving yet (%s); waiting up to %.0f s in all.", _first_line(error),
-                    patience_s)
-    try:
-        serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=False)
-        return
-    except STARTING as error:
-        log.warning("Serve's proxy is not serving yet (%s); waiting up to %.0f s in all.", _first_line(error),
-                    patience_s)
-    while (waiting := _not_ready(serve.status())) is not None:
+    steps = (lambda: serve.start(http_options=http_options),  # after a failure the controller is up: run reuses it
+             lambda: serve.run(application(settings), name=APP_NAME, route_prefix="/", blocking=False))
+    failed = False
+    for step in steps:
+        try:
+            step()
+        except STARTING as error:
+            failed = True
+            log.warning("Serve's proxy is not serving yet (%s); waiting up to %.0f s in all.", _first_line(error),
+                        patience_s)
+    while failed and (waiting := _not_ready(serve.status())) is not None:
         if clock() > deadline:
             raise TimeoutError(f"Ray Serve did not start within {patience_s:.0f} s: {waiting}")
         time.sleep(POLL_S)

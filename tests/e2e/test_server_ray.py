@@ -23,8 +23,8 @@ replicas = pytest.importorskip("specdecode.server.replicas")
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 16
-# how long any one wait may take: generous, so that a machine other processes keep busy (two busy loops on the
-# 2-core CI machine took 10 min for this file) slows the tests without failing them; a hang still fails
+# how long any one wait may take: generous, so that a machine other processes keep busy (with two busy loops on a
+# 2-core machine this file took 13 min) slows the tests without failing them; a hang still fails
 WAIT_S = 300
 
 
