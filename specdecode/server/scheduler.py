@@ -16,7 +16,7 @@ its length. With nothing decoding, a round carries
 tokens in all) wait: short prompts join the batch at once, as many as fit a chunk each round (32 streams of 12
 tokens on 16 rows, tests/e2e/test_server_load.py, averaged 3.8-4.5 rows a step while short prompts came in small
 bites, 13 while they join at once). A long prompt gets `prefill_share` of the decoding time, in bursts: a step
-carries a chunk sized to add about `prefill_burst` plain steps (`_adapt_chunk`, from the measured cost per token),
+carries a chunk sized to add about `prefill_burst` plain steps (chunk_sizer.py, from the measured cost of each size),
 then plain steps follow until their time, times the share, has paid for it (`_credit`).
 Measured on the 2-core CPU, a step's cost jumps by about a whole step as soon as it carries a second row of
 even one token (GEMV becomes GEMM) and then grows slowly with tokens, so a small chunk in every step slows every
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import collections.abc
 import logging
 import threading
 import time
@@ -56,6 +55,7 @@ from specdecode.core.engine import Engine, Sequence, StepOutcome
 from specdecode.core.logprobs import TokenLogprob
 from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
+from specdecode.server.chunk_sizer import ChunkSizer
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.policy import AcceptanceStats, SpecPolicy
 from specdecode.server.router import RoutingDrafter
@@ -84,11 +84,7 @@ class SchedulerConfig:
             raise ValueError("prefill_chunk must be >= 1; prefill_share, prefill_burst and stall_s > 0")
 
 
-MIN_CHUNK = 1  # the fewest prompt tokens a step carries while rows decode
-FIRST_CHUNK = MIN_CHUNK  # ... and how many before a step carrying one has been timed (it doubles while it fits)
-CHUNK_SAMPLES = 16  # the last chunk steps the chunk's cost is fitted on
-GROWTH = 1.25  # once fitted, a chunk grows at most this much (or one token) a step: one cheap sample, whose fit
-# let the next chunk double, made the steps that held streams longest (12 tokens where 6 fitted: 8x idle)
+PLAIN_SAMPLES = 32  # the last plain steps kept: the quickest of them is a stream's usual step
 
 
 @dataclass(frozen=True)
@@ -242,9 +238,8 @@ class Scheduler:
         self._draft_ms_per_k = 0.0
         # times of the last steps that carried no prefill chunk; the quickest is a stream's usual step (their mean,
         # raised by a few slow steps and by the prompt's own tokenising, sized chunks that held streams 6-8x)
-        self._plain_steps: collections.deque[float] = collections.deque(maxlen=CHUNK_SAMPLES * 2)
-        self._chunk = FIRST_CHUNK  # prompt tokens a step carries while rows decode, all rows (see _adapt_chunk)
-        self._chunk_costs: collections.deque[tuple[int, float]] = collections.deque(maxlen=CHUNK_SAMPLES)
+        self._plain_steps: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)
+        self._sizer = ChunkSizer(config.prefill_chunk, config.prefill_burst)  # a step's chunk while rows decode
         self._credit = 0.0  # seconds of prefill that decoding time has paid for; a chunk rides when it is >= 0
         self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
         self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)
@@ -357,7 +352,7 @@ class Scheduler:
             prefill = self._chunks(self.config.prefill_chunk, short)
         else:  # a long prompt loads in chunks that each cost the running streams about prefill_burst steps, paid
             # for by decoding time (from a plain step's time: the first step with rows decoding carries none)
-            prefill = self._chunks(self._chunk) if self._credit >= 0 and self._plain_steps else []
+            prefill = self._chunks(self._sizer.chunk) if self._credit >= 0 and self._plain_steps else []
         if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
             for slot, _ in prefill:
                 self._prefill_alone(slot, self.config.prefill_chunk)
@@ -421,32 +416,13 @@ class Scheduler:
 
     def _adapt_chunk(self, seconds: float, tokens: int) -> None:
         """After a step that carried `tokens` prompt tokens next to decoding rows: charge the time they added
-        (over a plain step) to the credit, and size the next chunk so that it adds about `prefill_burst` plain
-        steps, within [MIN_CHUNK, prefill_chunk], doubling at first, then by GROWTH at most. The added time is fitted
-        as fixed + per token over the last chunk steps: carrying even one token costs the step something of its
-        own (a second row), and a prompt token's cost grows with the context it attends to."""
+        (over a plain step) to the credit, and size the next chunk from it (chunk_sizer.py)."""
         if not self._plain_steps:
             return
         plain = min(self._plain_steps)
-        added, target = seconds - plain, self.config.prefill_burst * plain
-        self._credit -= max(0.0, added)
-        self._chunk_costs.append((tokens, max(0.0, added)))
-        fitted = _fit(self._chunk_costs)
-        if fitted is None:  # one size so far: double while it fits, else scale down; from the smallest, a second
-            # size all the same (the fit needs two: one token a step that costs more than the bound stayed one
-            # token, and 16 short prompts then joined a token at a time)
-            grow = added <= target or tokens <= MIN_CHUNK
-            room = self._chunk * 2 if grow else tokens * target / max(added, 1e-9)
-        else:
-            fixed, per_token = fitted
-            # where carrying anything costs more than the bound, it cannot be kept: the tokens then spread the
-            # fixed cost, up to as much again (one token a step would pay the fixed cost for every token)
-            budget = target - fixed if fixed < target else fixed
-            room = budget / per_token if per_token > 0 else self._chunk * 2
-        # doubling only until a size has been timed twice: later, the last 16 chunk steps all of one size (the fit
-        # then has no second size) doubled a settled chunk, and a step held streams twice the bound
-        most = self._chunk * 2 if len(self._chunk_costs) <= 1 else max(self._chunk + 1, self._chunk * GROWTH)
-        self._chunk = max(MIN_CHUNK, min(self.config.prefill_chunk, int(most + 1e-9), int(room + 1e-9)))
+        added = max(0.0, seconds - plain)
+        self._credit -= added
+        self._sizer.observe(tokens, added, plain)
 
     def _earn(self, seconds: float) -> None:
         """A plain step while prompts wait: its time, times the share, pays for prefill; nothing is saved up
@@ -583,18 +559,3 @@ class Scheduler:
             self.engine.release(slot.seq)
         except Exception:  # noqa: BLE001 - the engine frees the row even when the drafter's cleanup raises
             log.exception("drafter cleanup failed for sequence %s", slot.seq.ctx.seq_id)
-
-
-def _fit(samples: collections.abc.Iterable[tuple[int, float]]) -> tuple[float, float] | None:
-    """(fixed, per token) seconds fitted to (tokens, added seconds) samples by least squares, neither negative;
-    None with one size of chunk only (nothing tells the two apart)."""
-    points = list(samples)
-    mean_n = sum(n for n, _ in points) / len(points)
-    mean_t = sum(t for _, t in points) / len(points)
-    spread = sum((n - mean_n) ** 2 for n, _ in points)
-    if spread == 0:
-        return None
-    per_token = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in points) / spread)
-    return max(0.0, mean_t - per_token * mean_n), per_token
-
-
