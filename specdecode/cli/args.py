@@ -44,9 +44,10 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
                         help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
                              "measured one for the device, drafters.BEST_DRAFTER)")
-    parser.add_argument("--draft-model", default=None,
+    parser.add_argument("--draft-model", "--draft-head", default=None,
                         help="draft model for --drafter draft-model or hybrid (a packaged name, dir, .gguf or hub "
-                             "id)")
+                             "id); for eagle, eagle3, medusa a trained head's directory (eagle3: SGLang/SpecForge "
+                             "or vLLM speculators layout)")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
                         help="draft-model, hybrid: int4 / int8 weights, int4-all (the head in 4 bits too), or the "
                              "target's dtype (same); auto: int4-all on the CPU, where measured fastest")

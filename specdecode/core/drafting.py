@@ -103,12 +103,19 @@ class Capabilities:
     exit_layers: tuple[int, ...] = ()  # drafts with partial target passes of these depths (layer skip): warmed up
     prices_rows: bool = False  # plans its depth with the target's row cost (row_budget.RowCost): the thread that
     # decodes may measure it before the first step (the server's scheduler does), else the first step does
+    hidden_layers: tuple[int, ...] = ()  # with needs_hidden: ctx.hidden holds what enters these target layers, side
+    # by side (EAGLE-3's low, middle and high), instead of the last hidden state
 
     @staticmethod
     def union(parts: Sequence[Capabilities]) -> Capabilities:
+        """What drafters served together need. ctx.hidden holds one kind of state: drafters that read different
+        ones (EAGLE-2's last state, EAGLE-3's three layers) cannot share an engine (ValueError)."""
+        kinds = {c.hidden_layers for c in parts if c.needs_hidden}
+        if len(kinds) > 1:
+            raise ValueError(f"these drafters read different target states ({sorted(kinds)}): serve one of them")
         return Capabilities(any(c.needs_hidden for c in parts),
                             tuple(sorted({layer for c in parts for layer in c.exit_layers})),
-                            any(c.prices_rows for c in parts))
+                            any(c.prices_rows for c in parts), next(iter(kinds), ()))
 
 
 class Drafter(Protocol):

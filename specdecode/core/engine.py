@@ -74,7 +74,8 @@ class Engine:
         """Fast path: compile every fixed-shape step the drafter can ask for before anything is timed."""
         k = self.spec.max_k if self.spec.adaptive else self.spec.k
         capabilities = self.drafter.capabilities
-        self.target.warmup(self.cache, self.drafter.max_nodes(k) + 1, hidden=capabilities.needs_hidden)
+        self.target.warmup(self.cache, self.drafter.max_nodes(k) + 1, hidden=capabilities.needs_hidden,
+                           hidden_layers=capabilities.hidden_layers)
         for exit_layer in capabilities.exit_layers:
             self.target.warmup(self.cache, 1, num_layers=exit_layer)
 
@@ -177,8 +178,9 @@ class Engine:
         """One target pass over a chunk of seq's prompt alone (its last row's logits only)."""
         block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
                             self.target.device)
-        out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last",
-                                  hidden=self.drafter.capabilities.needs_hidden)
+        capabilities = self.drafter.capabilities
+        out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last", hidden=capabilities.needs_hidden,
+                                  hidden_layers=capabilities.hidden_layers)
         self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
 
     def _next_chunk(self, seq: Sequence, tokens: int | None) -> list[int]:
@@ -315,7 +317,9 @@ class Engine:
         go back to the drafter."""
         rows = [seq.ctx.row for seq in plan.seqs] + [seq.ctx.row for seq, _ in chunks]
         began = time.perf_counter()
-        out = self.target.forward(self.cache, rows, block, hidden=self.drafter.capabilities.needs_hidden)
+        capabilities = self.drafter.capabilities
+        out = self.target.forward(self.cache, rows, block, hidden=capabilities.needs_hidden,
+                                  hidden_layers=capabilities.hidden_layers)
         if len(rows) == 1 and self.target.device.type == "cpu":  # what a row costs now (pass_costs.RowCostEstimate)
             self.target.row_costs.observe(block.input_ids.shape[1], time.perf_counter() - began)
         for b, (seq, chunk) in enumerate(chunks, start=len(plan.seqs)):

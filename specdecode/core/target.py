@@ -25,7 +25,8 @@ from specdecode.errors import ConfigError
 @dataclass(frozen=True)
 class ForwardOutput:
     logits: torch.Tensor  # [b, q_kept, vocab]
-    hidden: torch.Tensor | None  # [b, q, hidden] last hidden state (after the final norm), when asked for
+    hidden: torch.Tensor | None  # [b, q, hidden] last hidden state (after the final norm), when asked for; with
+    # hidden_layers [b, q, layers x hidden]: what enters each of those layers, side by side
 
 
 def eager_attention(device: torch.device) -> contextlib.AbstractContextManager:
@@ -192,12 +193,14 @@ class Target:
         keep: str = "all",  # "all" | "last": which positions get logits
         hidden: bool = False,
         num_layers: int | None = None,  # run only the first num_layers decoder layers (layer skip)
+        hidden_layers: tuple[int, ...] = (),  # with hidden: these layers' input states side by side (EAGLE-3)
     ) -> ForwardOutput:
+        taps = tuple(hidden_layers) if hidden else ()
         if self._packed is not None and not cache.static:
             out = self._packed.forward(cache, rows, block.input_ids, block.positions, block.slots,
-                                       self._layer_masks(block),
-                                       keep_last=keep == "last", num_layers=num_layers, lengths=block.lengths)
-            return ForwardOutput(out.logits, out.hidden if hidden else None)
+                                       self._layer_masks(block), keep_last=keep == "last", num_layers=num_layers,
+                                       lengths=block.lengths, taps=taps)
+            return ForwardOutput(out.logits, (out.taps if taps else out.hidden) if hidden else None)
         fn, q = self.model, block.input_ids.shape[1]
         if cache.static:
             bucket = bucket_for(q, self.fast.buckets)
@@ -214,11 +217,11 @@ class Target:
                       else {f"mask:{k}": v for k, v in masks.items()})
 
         def step(inputs: dict) -> tuple[torch.Tensor, ...]:
-            return self._call(fn, cache, rows, inputs, block.kv_len, keep, hidden, num_layers)
+            return self._call(fn, cache, rows, inputs, block.kv_len, keep, hidden, num_layers, taps)
 
         outputs = None
         if fn is not self.model and self._captures and isinstance(slots, torch.Tensor):
-            key = (tuple(rows), q if bucket is None else bucket, hidden, num_layers)
+            key = (tuple(rows), q if bucket is None else bucket, hidden, num_layers, taps)
             outputs = cache.graphs.run(key, inputs, step, self._graph_pool(), self.device)  # copies the inputs in
         if outputs is None:
             inputs = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
@@ -232,7 +235,7 @@ class Target:
         return ForwardOutput(logits, states)
 
     def _call(self, fn, cache: RollbackCache, rows: list[int], inputs: dict, kv_len: int, keep: str, hidden: bool,
-              num_layers: int | None) -> tuple[torch.Tensor, ...]:
+              num_layers: int | None, taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
         """One model call on `inputs` (a dict, so a captured graph can replay it on its own static copies)."""
         per_row = not cache.static and len(rows) > 1 and self._per_row_attention and _uneven(inputs["slots"], kv_len)
         cache.prepare(rows, inputs["slots"], kv_len, per_row=per_row)
@@ -258,7 +261,11 @@ class Target:
                 output_hidden_states=hidden,
                 **extra,
             )
-        return (out.logits, out.hidden_states[-1]) if hidden else (out.logits,)
+        if not hidden:
+            return (out.logits,)
+        if taps:  # hidden_states[l]: what enters layer l ([0] the embeddings)
+            return out.logits, torch.cat([out.hidden_states[t] for t in taps], dim=-1)
+        return out.logits, out.hidden_states[-1]
 
     def _graph_pool(self):
         """One memory pool for all graphs of this target (they never run at the same time)."""
@@ -286,7 +293,8 @@ class Target:
             return windowed
         return {kind: windowed if kind == "sliding_attention" else mask for kind in types}
 
-    def warmup(self, cache: RollbackCache, max_q: int, num_layers: int | None = None, hidden: bool = False) -> None:
+    def warmup(self, cache: RollbackCache, max_q: int, num_layers: int | None = None, hidden: bool = False,
+               hidden_layers: tuple[int, ...] = ()) -> None:
         """Compile (and record) every fixed-shape step up to max_q tokens before timing anything, with the
         hidden-state output the steps will ask for (another graph). Writes only scratch slots of row 0, which
         the next prefill overwrites."""
@@ -297,7 +305,7 @@ class Target:
             sizes = [sizes[0], *sizes]
         for q in sizes:
             block = build_block([0], [[self.pad_id] * q], [list(range(-1, q - 1))], self.pad_id, self.block_device)
-            self.forward(cache, [0], block, num_layers=num_layers, hidden=hidden)
+            self.forward(cache, [0], block, num_layers=num_layers, hidden=hidden, hidden_layers=hidden_layers)
 
     @contextlib.contextmanager
     def _truncated(self, num_layers: int | None) -> Iterator[None]:

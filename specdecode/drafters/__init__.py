@@ -7,14 +7,25 @@ from dataclasses import replace
 from specdecode.config import DrafterConfig, SpecConfig
 from specdecode.core.drafting import Drafter
 from specdecode.core.target import Target
-from specdecode.drafters import draft_model, eagle, hybrid, layer_skip, lookahead, medusa, none, prompt_lookup, suffix
+from specdecode.drafters import (
+    draft_model,
+    eagle,
+    eagle3,
+    hybrid,
+    layer_skip,
+    lookahead,
+    medusa,
+    none,
+    prompt_lookup,
+    suffix,
+)
 from specdecode.drafters.common.base import DrafterSpec
 from specdecode.drafters.hybrid import Hybrid
 from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError, ModelError, OptionError
 
 _SPECS: tuple[DrafterSpec, ...] = (none.SPEC, prompt_lookup.SPEC, layer_skip.SPEC, draft_model.SPEC, lookahead.SPEC,
-                                   eagle.SPEC, medusa.SPEC, suffix.SPEC, hybrid.SPEC)
+                                   eagle.SPEC, eagle3.SPEC, medusa.SPEC, suffix.SPEC, hybrid.SPEC)
 
 
 def registry() -> dict[str, DrafterSpec]:
@@ -34,7 +45,7 @@ AUTO = "auto"
 # drafter options (DrafterConfig / SpecConfig field names) -> the drafters that read them; given for another
 # drafter, one would be ignored
 OPTION_READERS = {"exit_layer": ("layer-skip",), "lookahead": ("lookahead",),
-                  "draft_model": ("draft-model", "eagle", "medusa", "hybrid"),
+                  "draft_model": ("draft-model", "eagle", "eagle3", "medusa", "hybrid"),
                   "draft_weights": ("draft-model", "hybrid"), "draft_vocab": ("draft-model", "hybrid"),
                   "confidence": ("layer-skip", "draft-model"), "suffix_store": ("suffix", "hybrid")}
 

@@ -87,9 +87,11 @@ class Eagle(RowStateDrafter):
     capabilities = Capabilities(needs_hidden=True)
 
     def __init__(self, target: Target, net: EagleNet, budget: TreeBudget, draft_vocab: int | None = None,
-                 head_dtype: torch.dtype | None = None):
+                 head_dtype: torch.dtype | None = None, vocab=None):
+        """vocab: what the tree search reads of the vocabulary (embed, logits, draft_ids); default the target's
+        embeddings and LM head restricted to the head's draft vocabulary (FrozenVocab)."""
         self.net, self.budget = net, budget
-        self.vocab = FrozenVocab(target.model, net.draft_ids, draft_vocab, head_dtype)
+        self.vocab = vocab or FrozenVocab(target.model, net.draft_ids, draft_vocab, head_dtype)
         self.device = target.device
         self.cache = RollbackCache(1, rows=1, capacity=256)
         # the draft layer's few-row products take the target's CPU kernel too (bf16 draft head excepted: oneDNN
@@ -140,7 +142,7 @@ class Eagle(RowStateDrafter):
             return  # already fed
         if start > state.fed:
             raise RuntimeError(f"eagle: missing target features for positions {state.fed}..{start - 1}")
-        hidden = hidden[state.fed - start :]
+        hidden = self._features(hidden[state.fed - start :])  # [m, h]
         first, m = state.fed, hidden.shape[0]
         tokens = torch.tensor(seq.tokens[first + 1 : first + m + 1], device=self.device)
         positions = torch.arange(first, first + m, device=self.device)
@@ -148,6 +150,10 @@ class Eagle(RowStateDrafter):
         mask[:, first:] = torch.ones((m, m), dtype=torch.bool, device=self.device).tril()
         out = self._run(state.row, first, tokens, hidden, positions, mask)
         state.fed, state.root_feature = first + m, out[-1]
+
+    def _features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft layer's features from what the target gave (ctx.hidden): its last hidden state, as is."""
+        return hidden
 
     def _expand(self, state: _State, depth: int) -> tuple[Draft, torch.Tensor]:
         """EAGLE-2 dynamic tree (see the module docstring) -> (draft of at most budget.nodes nodes, [n] each

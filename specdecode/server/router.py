@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from specdecode.core.drafting import Capabilities, Draft, Drafter, SequenceContext
+from specdecode.errors import ConfigError
 
 _KEY, _STARTED = "drafter", "drafter_started"
 
@@ -21,7 +22,10 @@ class RoutingDrafter:
         if default not in drafters:
             raise ValueError(f"default drafter {default!r} is not among {list(drafters)}")
         self.drafters, self.default = dict(drafters), default
-        self.capabilities = Capabilities.union([d.capabilities for d in self.drafters.values()])
+        try:
+            self.capabilities = Capabilities.union([d.capabilities for d in self.drafters.values()])
+        except ValueError as error:
+            raise ConfigError(f"{', '.join(self.drafters)}: {error}") from error
 
     def max_nodes(self, k: int) -> int:
         return max(d.max_nodes(k) for d in self.drafters.values())

@@ -63,11 +63,20 @@ def small_draft_dir(tmp_path_factory, default_model):
     return str(directory)
 
 
+HEADLESS = {"eagle3"}  # no head ships for the default model yet: an untrained one (lossless whatever its weights)
+
+
+def _drafter(target, name: str, spec: SpecConfig, draft_dir: str | None = None):
+    if name in HEADLESS:
+        return registry()[name].untrained(target, spec)
+    config = DrafterConfig(name=name, draft_model=draft_dir if registry()[name].needs_draft_model else None)
+    return build_drafter(target, config, spec)
+
+
 @pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["none"])
 def test_real_greedy_equals_plain(name, default_target, chat_ids, references, small_draft_dir):
     spec = SpecConfig(k=4)
-    config = DrafterConfig(name=name, draft_model=small_draft_dir if registry()[name].needs_draft_model else None)
-    engine = Engine(default_target, build_drafter(default_target, config, spec), spec)
+    engine = Engine(default_target, _drafter(default_target, name, spec, small_draft_dir), spec)
     for key, ids in chat_ids.items():
         result = engine.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS))
         assert result.token_ids == references[key], f"{name} diverged from plain greedy on the {key} prompt"
@@ -126,7 +135,8 @@ def test_real_greedy_equals_plain_on_the_int4_model(name, int4_model, chat_ids):
     spec = SpecConfig(k=4, pause_on_time=False)
     plain = Engine(target, none.SPEC.build(target, DrafterConfig(), SpecConfig()))
     config = DrafterConfig(name=name, row_cost=FIXED_ROW_COST)  # drafting asserted: not the machine's costs
-    engine = Engine(target, build_drafter(target, config, spec), spec)
+    drafter = registry()[name].untrained(target, spec) if name in HEADLESS else build_drafter(target, config, spec)
+    engine = Engine(target, drafter, spec)
     proposed = 0
     for key, ids in chat_ids.items():
         reference = plain.generate(ids, SamplingConfig(), GenerationConfig(max_new_tokens=NEW_TOKENS)).token_ids

@@ -14,7 +14,7 @@ from specdecode.config import SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.verify import tree as tree_module
 from specdecode.core.verify import verify_sampling
-from specdecode.drafters import eagle, medusa
+from specdecode.drafters import eagle, eagle3, medusa
 from tests.stats.chi2 import chi2_pvalue
 from tests.stats.two_tokens import sample_pairs
 
@@ -86,6 +86,7 @@ def _pairs(engine: Engine) -> list[tuple[int, int]]:
 
 BUILDERS = {
     "eagle": lambda t: eagle.untrained(t, eagle.TreeBudget(top_k=3, depth=2, nodes=6)),
+    "eagle3": lambda t: eagle3.untrained(t, eagle.TreeBudget(top_k=3, depth=2, nodes=6)),
     "medusa": lambda t: medusa.untrained(t, paths=[[0], [1], [2], [0, 0], [0, 1], [1, 0]]),
 }
 
@@ -98,8 +99,9 @@ def test_first_tokens_follow_target(name, target, exact):
     assert chi2_pvalue(pairs, exact) > 1e-3
 
 
-def test_broken_verifier_is_detected_with_eagle(target, exact, monkeypatch):
+@pytest.mark.parametrize("name", ["eagle", "eagle3"])
+def test_broken_verifier_is_detected_with_eagle(name, target, exact, monkeypatch):
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
     spec = SpecConfig(k=2)
-    engine = Engine(target, BUILDERS["eagle"](target), spec)
+    engine = Engine(target, BUILDERS[name](target), spec)
     assert chi2_pvalue(_pairs(engine), exact) < 1e-4

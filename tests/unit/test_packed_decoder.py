@@ -277,3 +277,21 @@ def test_sliding_window_layers_see_their_window_only(arch):
     _, ours = prefill(native_target, LONG_PROMPT, hidden=True)
     _, theirs = prefill(own, LONG_PROMPT, hidden=True)
     assert (ours.hidden - theirs.hidden).abs().max() > 0.1 * theirs.hidden.abs().max()
+
+
+@pytest.mark.parametrize("taps", [(1, 2, 3), (0, 2), (3,)])
+def test_tapped_layers_are_the_states_entering_them(taps):
+    """EAGLE-3 reads what enters three target layers: the native stack runs in stretches between them, and gives
+    transformers' hidden_states[l] (to the kernels' rounding: closer than the states of neighbouring layers)."""
+    model = packed(tiny_llama(), "int8")
+    ours = prefill(Target(model), PROMPT, hidden=True, hidden_layers=taps)[1].hidden  # [1, q, taps x hidden]
+    theirs = prefill(Target(model, packed_decoder=False), PROMPT, hidden=True, hidden_layers=taps)[1].hidden
+    width = model.config.hidden_size
+    assert ours.shape == theirs.shape == (1, len(PROMPT), len(taps) * width)
+    for i, layer in enumerate(taps):
+        mine, hf = ours[..., i * width : (i + 1) * width], theirs[..., i * width : (i + 1) * width]
+        assert (mine - hf).abs().max() < 1e-2 * hf.abs().max(), layer
+    last = prefill(Target(model), PROMPT, hidden=True)[1].hidden
+    assert not torch.allclose(ours[..., -width:], last)  # a tap is not the final state
+    logits = prefill(Target(model), PROMPT)[1].logits
+    assert torch.equal(prefill(Target(model), PROMPT, hidden=True, hidden_layers=taps)[1].logits, logits)

@@ -147,6 +147,7 @@ class RotaryTable:
 class DecoderOutput:
     logits: torch.Tensor  # [b, q_kept, vocab]
     hidden: torch.Tensor  # [b, q, hidden] after the final norm
+    taps: torch.Tensor | None = None  # [b, q, len(taps) x hidden] the tapped layers' input states, when asked for
 
 
 class PackedDecoder:
@@ -209,10 +210,12 @@ class PackedDecoder:
     @torch.inference_mode()
     def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, mask: torch.Tensor | dict[str, torch.Tensor], keep_last: bool = False,
-                num_layers: int | None = None, lengths: tuple[int, ...] | None = None) -> DecoderOutput:
+                num_layers: int | None = None, lengths: tuple[int, ...] | None = None,
+                taps: tuple[int, ...] = ()) -> DecoderOutput:
         # input_ids, positions, slots: [b, q]; mask: [b, 1, q, kv_len] bool (True = visible), or one per layer type
         # (Target._layer_masks: sliding-window layers see a windowed copy)
         # lengths: row b's real tokens (the first lengths[b]; the rest is padding, not computed); None: all q
+        # taps: layers whose input states come back side by side in DecoderOutput.taps (EAGLE-3), each < the count
         masks = mask if isinstance(mask, dict) else {kind: mask for kind in LAYER_KINDS}
         mask = masks["full_attention"] if "full_attention" in masks else next(iter(masks.values()))
         b, q = input_ids.shape
@@ -239,21 +242,31 @@ class PackedDecoder:
         count, threads = num_layers or self.num_layers, self.share.threads()
         self.torch_threads.follow(threads)
         pointers = cache.row_pointers(count, ends, like)  # [layers, 3, b]: keys, values, capacities
-        self.stack.forward(x, starts, [c for c, _ in used], [s for _, s in used], pointers, slot_list, seen, count,
-                           threads)
+        tapped = {}
+        first = 0
+        for end in [*sorted({t for t in taps if 0 < t < count}), count]:  # stretches of layers between the taps
+            if first in taps:
+                tapped[first] = x.clone()
+            self.stack.forward(x, starts, [c for c, _ in used], [s for _, s in used], pointers, slot_list, seen,
+                               first, end, threads)
+            first = end
+        if any(t not in tapped for t in taps):
+            raise ValueError(f"taps {taps} must be layers below {count}")
         # [R, hidden]: the final norm, natively (transformers' is slow after the kernels)
         states = native.ops().rms_norm_rows(x, self._norm_weight, self._norm_eps, self.variant)
         if keep_last:  # each row's last real position
             logits = self._head(states[starts[1:] - 1], threads)[:, None]  # [b, 1, vocab]
         else:
             logits = self._head(states, threads)  # [R, vocab]: the head once per real row
+        side = torch.cat([tapped[t] for t in taps], dim=-1) if taps else None  # [R, taps x hidden]
         if real is not None:  # a padded position gets its row's last real one: read by no one, never garbage
             index = torch.minimum(starts[:-1, None] + torch.arange(q), starts[1:, None] - 1).reshape(-1)  # [b * q]
             states = states[index]
+            side = None if side is None else side[index]
             logits = logits if keep_last else logits[index]
         states = states.reshape(b, q, self.hidden)
         logits = logits.reshape(b, -1, logits.shape[-1])
-        return DecoderOutput(logits, states)
+        return DecoderOutput(logits, states, None if side is None else side.reshape(b, q, -1))
 
     def _head(self, rows: torch.Tensor, threads: int) -> torch.Tensor:
         """[R, hidden] -> [R, vocab]."""

@@ -218,12 +218,15 @@ struct DecoderStack : torch::CustomClassHolder {
     layers.push_back(layer);
   }
 
-  // x [R, hidden] float32, updated in place by the first `count` layers. starts [batch + 1]: batch row b holds rows
-  // starts[b] <= r < starts[b + 1]; cos, sin: per layer kind [R, head_dim]; pointers [count, 3, batch] int64 (the
-  // cache's row_pointers); slots [R]; visible: per layer kind [R, kv_len] uint8 (1 = visible).
+  // x [R, hidden] float32, updated in place by layers first <= l < count (a pass runs them all at once, or in
+  // stretches where a drafter reads the states between: EAGLE-3). starts [batch + 1]: batch row b holds rows
+  // starts[b] <= r < starts[b + 1]; cos, sin: per layer kind [R, head_dim]; pointers [>= count, 3, batch] int64
+  // (the cache's row_pointers, from layer 0); slots [R]; visible: per layer kind [R, kv_len] uint8 (1 = visible).
   void forward(at::Tensor x, at::Tensor starts, std::vector<at::Tensor> cos, std::vector<at::Tensor> sin,
-               at::Tensor pointers, at::Tensor slots, std::vector<at::Tensor> visible, int64_t count, int64_t threads) {
+               at::Tensor pointers, at::Tensor slots, std::vector<at::Tensor> visible, int64_t first, int64_t count,
+               int64_t threads) {
     TORCH_CHECK(count >= 1 && count <= static_cast<int64_t>(layers.size()), "count must be 1..", layers.size());
+    TORCH_CHECK(first >= 0 && first < count, "first must be 0..count - 1, got ", first);
     TORCH_CHECK(x.dim() == 2, "x must be [rows, hidden], got ", x.sizes());
     const int64_t rows = x.size(0), batch = starts.size(0) - 1;
     check(x, "x", at::kFloat, {rows, hidden});
@@ -232,7 +235,8 @@ struct DecoderStack : torch::CustomClassHolder {
     TORCH_CHECK(batch >= 1 && start[0] == 0 && start[batch] == rows, "starts must run from 0 to the rows");
     for (int64_t b = 0; b < batch; b++) TORCH_CHECK(start[b] <= start[b + 1], "starts must not decrease");
     check(slots, "slots", at::kLong, {rows});
-    check(pointers, "pointers", at::kLong, {count, 3, batch});
+    TORCH_CHECK(pointers.dim() == 3 && pointers.size(0) >= count, "pointers must hold at least ", count, " layers");
+    check(pointers, "pointers", at::kLong, {pointers.size(0), 3, batch});
     TORCH_CHECK(cos.size() == 2 && sin.size() == 2 && visible.size() == 2, "cos, sin and visible: one per layer kind");
     TORCH_CHECK(visible[0].dim() == 2, "visible must be [rows, kv_len]");
     const int64_t kv_len = visible[0].size(1);
@@ -246,15 +250,16 @@ struct DecoderStack : torch::CustomClassHolder {
       seen_at[i] = visible[i].data_ptr<uint8_t>();
     }
     std::vector<const decoder_layer_t *> table;
-    for (int64_t i = 0; i < count; i++) table.push_back(&layers[i]);
+    for (int64_t i = first; i < count; i++) table.push_back(&layers[i]);
     std::vector<at::Tensor> made;
     const std::vector<at::Tensor> &work = rows <= kSmallRows ? small_buffers() : (made = buffers(rows));
     const scratch_t scratch{work[0].data_ptr<int8_t>(), work[1].data_ptr<float>(), work[2].data_ptr<float>(),
                             work[3].data_ptr<float>(), work[4].data_ptr<float>(), work[5].data_ptr<float>(),
                             work[6].data_ptr<float>(), work[7].data_ptr<float>(), work[8].data_ptr<float>(),
                             work[9].data_ptr<float>(), work[10].data_ptr<float>()};
-    kernels(variant).decoder_layers(table.data(), count, x.data_ptr<float>(), rows, batch, start,
-                                    cos_at, sin_at, reinterpret_cast<void *const *>(pointers.data_ptr<int64_t>()),
+    void *const *at = reinterpret_cast<void *const *>(pointers.data_ptr<int64_t>() + 3 * first * batch);
+    kernels(variant).decoder_layers(table.data(), count - first, x.data_ptr<float>(), rows, batch, start, cos_at,
+                                    sin_at, at,
                                     slots.data_ptr<int64_t>(), seen_at, kv_len, &scratch, threads);
   }
 
