@@ -1,5 +1,6 @@
-"""`specdecode train --kind eagle|medusa --model M --out DIR`: build (or reuse) self-distillation data and cached
-target hidden states, train a drafter head, and save it as OUT/model.safetensors + OUT/config.json.
+"""`specdecode train --kind eagle|eagle3|medusa --model M --out DIR`: build (or reuse) self-distillation data and
+cached target hidden states, train a drafter head, and save it as OUT/model.safetensors + OUT/config.json (eagle3:
+in the layout --layout names, which SGLang or vLLM load as it is).
 
 Data is cached in --data (default OUT/data) and reused by later runs (e.g. --kind medusa after --kind eagle);
 --resume continues from OUT/checkpoint.pt. Runs on CPU for small budgets, on CUDA when --device cuda.
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specdecode.cli.args import device_arg
+from specdecode.drafters.common.eagle3_format import LAYOUTS
 from specdecode.errors import ConfigError
 from specdecode.train.data import DataConfig
 from specdecode.train.run import TrainJob, run_job
@@ -20,8 +22,8 @@ from specdecode.train.trainer import TrainConfig
 
 
 def register(subparsers, name: str) -> None:
-    parser = subparsers.add_parser(name, help="train an EAGLE or Medusa drafter head for a target model")
-    parser.add_argument("--kind", required=True, choices=["eagle", "medusa"])
+    parser = subparsers.add_parser(name, help="train an EAGLE, EAGLE-3 or Medusa drafter head for a target model")
+    parser.add_argument("--kind", required=True, choices=["eagle", "eagle3", "medusa"])
     parser.add_argument("--model", default=None,
                         help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--out", required=True, help="output directory (head, checkpoint, data cache)")
@@ -50,9 +52,23 @@ def register(subparsers, name: str) -> None:
     train.add_argument("--lr", type=float, default=5e-4)
     train.add_argument("--ttt-steps", type=int, default=3, help="eagle: unrolled training-time-test steps")
     train.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
+    train.add_argument("--layout", default="sglang", choices=LAYOUTS,
+                       help="eagle3: the head's layout on disk (SGLang/SpecForge, or vLLM speculators)")
+    train.add_argument("--aux-layers", type=_layers, default=(), metavar="L,M,H",
+                       help="eagle3: the three target layers fused (default: 2, n/2, n-3 as vLLM and SGLang)")
     train.add_argument("--checkpoint-every", type=int, default=200)
     train.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=cmd_train)
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three layer numbers L,M,H, got {text!r}") from None
+    if len(layers) != 3 or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"expected three layer numbers L,M,H (>= 0), got {text!r}")
+    return layers
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -89,7 +105,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                       gen_minutes=args.gen_minutes, max_len=args.max_len, seed=args.seed, text_tokens=args.text_tokens)
     train = TrainConfig(kind=args.kind, epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
                         batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, num_heads=args.heads,
-                        checkpoint_every=args.checkpoint_every, seed=args.seed)
+                        checkpoint_every=args.checkpoint_every, seed=args.seed, layout=args.layout,
+                        aux_layers=args.aux_layers)
     packages = tuple(p.strip() for p in args.docstrings.split(",") if p.strip())
     run_job(TrainJob(train, args.out, args.model, args.data, args.device, args.resume, tuple(args.prompts),
                      tuple(args.text), packages, args.draft_vocab, data))

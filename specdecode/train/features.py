@@ -18,7 +18,8 @@ class FeatureData:
     tokens: torch.Tensor  # [n] int64, all examples back to back
     offsets: torch.Tensor  # [e + 1] int64, example i is tokens[offsets[i]:offsets[i + 1]]
     loss_start: torch.Tensor  # [e] int64, per example
-    features: torch.Tensor  # [n, h] target last hidden states (after the final norm)
+    features: torch.Tensor  # [n, h] target last hidden states (after the final norm); with meta["aux_layers"]
+    # [n, (layers + 1) x h]: what enters each of those layers (EAGLE-3), then the last state
     meta: dict
 
     @property
@@ -27,6 +28,18 @@ class FeatureData:
 
     def lengths(self) -> torch.Tensor:
         return self.offsets[1:] - self.offsets[:-1]  # [e]
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return tuple(self.meta.get("aux_layers", ()))
+
+    def last_only(self) -> FeatureData:
+        """The same data with the last hidden state alone (what EAGLE-2 and Medusa train on)."""
+        if not self.aux_layers:
+            return self
+        width = self.features.shape[1] // (len(self.aux_layers) + 1)
+        meta = {k: v for k, v in self.meta.items() if k != "aux_layers"}
+        return FeatureData(self.tokens, self.offsets, self.loss_start, self.features[:, -width:], meta)
 
     def to(self, device) -> FeatureData:
         return FeatureData(self.tokens.to(device), self.offsets, self.loss_start, self.features.to(device), self.meta)
@@ -55,15 +68,15 @@ class FeatureData:
 
 @torch.no_grad()
 def compute_features(model, dataset: Dataset, batch_tokens: int = 16384, dtype: torch.dtype = torch.bfloat16,
-                     keep_on=None) -> FeatureData:
-    """Run the target's decoder over every example (right padding, causal) and keep its last hidden state.
-    keep_on: where the features live afterwards (default: CPU)."""
+                     keep_on=None, aux_layers: tuple[int, ...] = ()) -> FeatureData:
+    """Run the target's decoder over every example (right padding, causal) and keep its last hidden state, after
+    what enters each of `aux_layers` (EAGLE-3) when given. keep_on: where the features live afterwards (CPU)."""
     device = next(model.parameters()).device
     decoder = model.get_decoder()
     lengths = [len(e.tokens) for e in dataset.examples]
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.long)
     hidden = decoder.config.hidden_size
-    features = torch.empty((int(offsets[-1]), hidden), dtype=dtype, device=keep_on or "cpu")
+    features = torch.empty((int(offsets[-1]), (len(aux_layers) + 1) * hidden), dtype=dtype, device=keep_on or "cpu")
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches, current = [], []
     for i in order:
@@ -80,7 +93,11 @@ def compute_features(model, dataset: Dataset, batch_tokens: int = 16384, dtype: 
         for row, i in enumerate(batch):
             ids[row, : lengths[i]] = torch.tensor(dataset.examples[i].tokens)
             mask[row, : lengths[i]] = 1
-        out = decoder(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state  # [b, t, h]
+        result = decoder(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         output_hidden_states=bool(aux_layers))
+        out = result.last_hidden_state  # [b, t, h]
+        if aux_layers:  # [b, t, (layers + 1) x h]
+            out = torch.cat([*(result.hidden_states[layer] for layer in aux_layers), out], dim=-1)
         for row, i in enumerate(batch):
             features[offsets[i] : offsets[i + 1]] = out[row, : lengths[i]].to(features.device, dtype)
     tokens = torch.tensor([t for e in dataset.examples for t in e.tokens], dtype=torch.long)
@@ -90,7 +107,8 @@ def compute_features(model, dataset: Dataset, batch_tokens: int = 16384, dtype: 
         name = dataset.sources[example.source]
         per_source[name] = per_source.get(name, 0) + length
     meta = {"examples": len(lengths), "tokens": int(offsets[-1]), "sources": per_source,
-            "feature_dtype": str(dtype).replace("torch.", "")}
+            "feature_dtype": str(dtype).replace("torch.", ""),
+            **({"aux_layers": list(aux_layers)} if aux_layers else {})}
     return FeatureData(tokens, offsets, loss_start, features, meta)
 
 

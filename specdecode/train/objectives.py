@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from specdecode.drafters.common.eagle3_net import Eagle3Net
 from specdecode.drafters.common.nets import EagleNet, FrozenVocab, MedusaHeads
 
 
@@ -57,11 +58,11 @@ class StepStats:
     accuracy: list[float]  # per unrolled step (EAGLE) or per head (Medusa): top-1 agreement with the target
 
 
-def eagle_unroll(net: EagleNet, vocab: FrozenVocab, tokens: torch.Tensor, features: torch.Tensor, steps: int
-                 ) -> list[torch.Tensor]:
+def eagle_unroll(net: EagleNet | Eagle3Net, vocab: FrozenVocab, tokens: torch.Tensor, features: torch.Tensor,
+                 steps: int) -> list[torch.Tensor]:
     """tokens [b, t], features [b, t, h] -> per unrolled step j, [b, t - 1, h]: row i's prediction of f_{i+1}
     from input (feature, token x_{i+1}), where the feature is f_i at step 0 and the step j - 1 output of row
-    i - 1 after that (see unroll_mask). Rows i < j are padding."""
+    i - 1 after that (see unroll_mask). Rows i < j are padding. (EAGLE-3: features are the fused f_i.)"""
     length = tokens.shape[1] - 1
     embeds = vocab.embed(tokens[:, 1:]).to(features.dtype)  # [b, t', h] tokens x_{i+1}
     positions = torch.arange(length, device=tokens.device)[None].expand(tokens.shape[0], -1)
@@ -91,6 +92,31 @@ def eagle_loss(net: EagleNet, vocab: FrozenVocab, batch: Batch, steps: int = 3, 
         per_row = per_row + reg_weight * F.smooth_l1_loss(out.float(), target_features, reduction="none").mean(-1)
         count = rows.sum().clamp(min=1)
         total = total + decay**step * (per_row * rows).sum() / count
+        accuracy.append(float(((logits.argmax(-1) == target_top) & rows).sum() / count))
+    return total, StepStats(float(total.detach()), accuracy)
+
+
+def eagle3_loss(net: Eagle3Net, vocab: FrozenVocab, batch: Batch, steps: int = 3, decay: float = 0.8
+                ) -> tuple[torch.Tensor, StepStats]:
+    """EAGLE-3: batch.features holds what enters the three fused layers, then the last hidden state
+    ([b, t, 4h]). Step 0 starts from fc of the three; the head's own LM head is scored against the target's
+    distribution (its LM head on the last state, over the draft vocabulary); no feature regression, as the
+    paper drops it (the fused feature has no target to regress to)."""
+    features = batch.features.float()
+    width = features.shape[-1] // 4
+    aux, last = features[..., : 3 * width], features[..., 3 * width :]
+    with torch.no_grad():
+        target_probs = vocab.logits(last[:, 1:]).float().softmax(-1)  # [b, t', vd]
+        target_top = target_probs.argmax(-1)
+    valid = target_positions(batch, shift=1)  # [b, t']
+    fused = net.fuse(aux)  # [b, t, h]
+    total, accuracy = 0.0, []
+    for step, out in enumerate(eagle_unroll(net, vocab, batch.tokens, fused, steps)):
+        rows = valid.clone()
+        rows[:, :step] = False
+        logits = net.logits(out)  # [b, t', vd]
+        count = rows.sum().clamp(min=1)
+        total = total + decay**step * (soft_cross_entropy(logits, target_probs) * rows).sum() / count
         accuracy.append(float(((logits.argmax(-1) == target_top) & rows).sum() / count))
     return total, StepStats(float(total.detach()), accuracy)
 

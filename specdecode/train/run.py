@@ -3,6 +3,7 @@ target's hidden states, train a drafter head, save it. The command line (cli/tra
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import torch
 
 from specdecode.config import ModelConfig
 from specdecode.core.target import Target
+from specdecode.drafters.common.eagle3_net import default_aux_layers
 from specdecode.errors import ConfigError
 from specdecode.loading.load import load_model
 from specdecode.train.corpus import docstrings, text_files
@@ -54,7 +56,18 @@ def run_job(job: TrainJob) -> Path:
     model, target = loaded.model, Target(loaded.model, loaded.tokenizer)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    if job.train.kind == "eagle3":  # the layers it fuses are fixed here: the data's and the head's
+        aux = job.train.aux_layers or default_aux_layers(target.num_layers)
+        if max(aux) >= target.num_layers:
+            raise ConfigError(f"EAGLE-3 layers {list(aux)} must be below the target's {target.num_layers}")
+        job = dataclasses.replace(job, train=dataclasses.replace(job.train, aux_layers=tuple(aux)))
     data = _features(job, target, began)
+    if job.train.kind == "eagle3" and data.aux_layers != job.train.aux_layers:
+        raise ConfigError(f"the data cache in {str(job.data_dir)!r} holds the states of layers "
+                          f"{list(data.aux_layers)}, not the EAGLE-3 layers {list(job.train.aux_layers)}: give "
+                          "another --data directory")
+    if job.train.kind != "eagle3":
+        data = data.last_only()
     data = data.to(device) if device.type == "cuda" else data
     counts = target_token_counts(data, target.vocab_size)
     draft_ids, coverage = choose_draft_vocab(counts, job.draft_vocab, set(target.eos_ids))
@@ -95,7 +108,8 @@ def _features(job: TrainJob, target: Target, began: float) -> FeatureData:
     if not dataset.examples:
         raise ConfigError("no training data: every source was empty")
     print(f"data: {len(dataset.examples)} sequences, {dataset.num_tokens} tokens ({time.monotonic() - began:.0f}s)")
-    data = compute_features(model, dataset, keep_on=device if device.type == "cuda" else None)
+    data = compute_features(model, dataset, keep_on=device if device.type == "cuda" else None,
+                            aux_layers=job.train.aux_layers if job.train.kind == "eagle3" else ())
     data.meta["generation"] = dict(vars(job.data_config))
     data.save(job.data_dir)
     with open(job.data_dir / "conversations.jsonl", "w", encoding="utf-8") as handle:

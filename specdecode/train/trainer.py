@@ -13,18 +13,20 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specdecode.drafters.common.eagle3_format import save_eagle3
+from specdecode.drafters.common.eagle3_net import Eagle3Net, Eagle3NetConfig
 from specdecode.drafters.common.head_io import fingerprint, save_head
 from specdecode.drafters.common.nets import EagleNet, EagleNetConfig, FrozenVocab, MedusaHeads, MedusaNetConfig
 from specdecode.drafters.medusa import medusa_paths
 from specdecode.train.features import FeatureData
-from specdecode.train.objectives import Batch, eagle_loss, medusa_loss, medusa_topk_accuracy
+from specdecode.train.objectives import Batch, eagle3_loss, eagle_loss, medusa_loss, medusa_topk_accuracy
 
 CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str  # "eagle" | "medusa"
+    kind: str  # "eagle" | "eagle3" | "medusa"
     epochs: float = 4.0
     max_steps: int = 0  # 0 = from epochs
     max_minutes: float = 0.0  # 0 = no time budget
@@ -39,9 +41,16 @@ class TrainConfig:
     checkpoint_every: int = 200
     seed: int = 0
     trees: tuple[tuple[str, int], ...] = (("cpu", 3), ("cuda", 63))  # medusa: nodes per device (design-notes)
+    layout: str = "sglang"  # eagle3: the shared layout the head is written in (eagle3_format.LAYOUTS)
+    aux_layers: tuple[int, ...] = ()  # eagle3: the target layers fused (empty: default_aux_layers)
 
 
 def make_net(config: TrainConfig, target_config, draft_ids: torch.Tensor) -> torch.nn.Module:
+    if config.kind == "eagle3":
+        net = Eagle3Net(Eagle3NetConfig.from_target(target_config, int(draft_ids.shape[0]),
+                                                    int(target_config.vocab_size), config.aux_layers or None))
+        net.set_draft_ids(draft_ids)
+        return net
     if config.kind == "eagle":
         net = EagleNet(EagleNetConfig.from_target(target_config, int(draft_ids.shape[0])))
     else:
@@ -132,6 +141,8 @@ class Trainer:
         with self._autocast():
             if self.config.kind == "eagle":
                 return eagle_loss(self.net, self.vocab, batch, self.config.ttt_steps, self.config.reg_weight)
+            if self.config.kind == "eagle3":
+                return eagle3_loss(self.net, self.vocab, batch, self.config.ttt_steps)
             return medusa_loss(self.net, self.vocab, batch)
 
     def _lr(self) -> float:
@@ -207,6 +218,11 @@ class Trainer:
 
     def export(self, record: dict) -> Path:
         extra = {"training": record}
+        if self.config.kind == "eagle3":
+            verifier = {"name_or_path": getattr(self.target_model.config, "_name_or_path", None) or None,
+                        "architectures": list(getattr(self.target_model.config, "architectures", None) or [])}
+            return save_eagle3(self.out, self.net, self.config.layout, verifier,
+                               {"target": fingerprint(self.target_model), **extra})
         if self.config.kind == "medusa" and "val_topk_hit_rate" in record.get("evaluation", {}):
             accuracy = record["evaluation"]["val_topk_hit_rate"]
             extra["trees"] = {device: medusa_paths(accuracy, budget) for device, budget in self.config.trees}

@@ -1,5 +1,6 @@
 """Training smoke tests on a tiny model: data -> cached features -> a few steps (loss decreases) -> checkpoint
 reloads and resumes -> the exported head loads and drafts losslessly; the CLI end to end and its bad input."""
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, S
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
+from specdecode.drafters.common.eagle3_format import load_eagle3
 from specdecode.drafters.common.head_io import load_head
 from specdecode.train.corpus import TextSource
 from specdecode.train.data import DataConfig, build_dataset
@@ -18,6 +20,7 @@ from specdecode.train.prompts import stage1_prompts
 from specdecode.train.trainer import TrainConfig, Trainer
 
 TEXT = TextSource(("The quick brown fox jumps over the lazy dog. " * 20,), "test text")
+AUX = (1, 2, 3)  # EAGLE-3's layers of the 4-layer tiny model (default_aux_layers)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def features(tiny_model, tiny_tokenizer, tmp_path_factory) -> FeatureData:
     config = DataConfig(num_prompts=3, num_followups=0, max_new_tokens=12, gen_batch=4, max_len=160, text_tokens=256)
     dataset = build_dataset(tiny_model, tiny_tokenizer, config, [], [TEXT], eos_ids={2}, pad_id=0)
     assert len(dataset.sources) == 2 and dataset.examples
-    data = compute_features(tiny_model, dataset, batch_tokens=4096)
+    data = compute_features(tiny_model, dataset, batch_tokens=4096, aux_layers=AUX)
     directory = tmp_path_factory.mktemp("data")
     data.save(directory)
     loaded = FeatureData.load(directory)
@@ -34,10 +37,15 @@ def features(tiny_model, tiny_tokenizer, tmp_path_factory) -> FeatureData:
 
 
 def test_cached_features_are_the_targets_hidden_states(tiny_model, features):
+    """What enters each EAGLE-3 layer, then the last hidden state; EAGLE-2 and Medusa read the last alone."""
     start, end = int(features.offsets[0]), int(features.offsets[1])
     tokens = features.tokens[start:end][None]
-    expected = tiny_model(tokens, output_hidden_states=True).hidden_states[-1][0]
+    states = tiny_model(tokens, output_hidden_states=True).hidden_states
+    expected = torch.cat([*(states[layer][0] for layer in AUX), states[-1][0]], dim=-1)
+    assert features.aux_layers == AUX and features.features.shape[1] == 4 * tiny_model.config.hidden_size
     assert torch.allclose(features.features[start:end].float(), expected, atol=2e-2, rtol=2e-2)  # stored in bf16
+    last = features.last_only()
+    assert torch.equal(last.features[start:end], features.features[start:end, -tiny_model.config.hidden_size:])
 
 
 def _trainer(kind, tiny_model, features, out: Path, steps: int) -> Trainer:
@@ -45,11 +53,12 @@ def _trainer(kind, tiny_model, features, out: Path, steps: int) -> Trainer:
     draft_ids, coverage = choose_draft_vocab(counts, 128, {2})
     assert 0 < coverage <= 1 and draft_ids[0] == 2
     config = TrainConfig(kind=kind, max_steps=steps, batch_tokens=100_000, lr=3e-3, warmup=1, val_fraction=0.0,
-                         checkpoint_every=1000)
-    return Trainer(config, tiny_model, features, draft_ids, out, torch.device("cpu"), max_len=160)
+                         checkpoint_every=1000, aux_layers=AUX if kind == "eagle3" else (), layout="speculators")
+    data = features if kind == "eagle3" else features.last_only()
+    return Trainer(config, tiny_model, data, draft_ids, out, torch.device("cpu"), max_len=160)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
 def test_loss_decreases_checkpoint_reloads_and_head_exports(kind, tiny_model, tiny_tokenizer, features, tmp_path):
     trainer = _trainer(kind, tiny_model, features, tmp_path, steps=12)
     assert len(trainer.batches) == 1  # every step sees the same batch: the loss must fall
@@ -63,9 +72,15 @@ def test_loss_decreases_checkpoint_reloads_and_head_exports(kind, tiny_model, ti
     assert reloaded.step == 14
     record = {"evaluation": {"val_topk_hit_rate": [[0.5, 0.2]] * 4}}
     reloaded.export(record)
-    net, config = load_head(tmp_path, kind)
-    for a, b in zip(reloaded.net.state_dict().values(), net.state_dict().values()):
-        assert torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2)  # saved in bf16
+    net, config = load_eagle3(tmp_path) if kind == "eagle3" else load_head(tmp_path, kind)
+    ours, theirs = reloaded.net.state_dict(), net.state_dict()
+    if kind == "eagle3":  # written in target-id order: the draft vocabulary's rows move with their ids
+        for state, module in ((ours, reloaded.net), (theirs, net)):
+            order = torch.argsort(module.draft_ids.cpu())
+            state["lm_head.weight"], state["d2t"] = state["lm_head.weight"][order], module.draft_ids.cpu()[order]
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.allclose(ours[name].float(), theirs[name].float(), atol=1e-2, rtol=1e-2), name  # bf16
     if kind == "medusa":
         assert config["trees"]["cpu"][0] == [0]
     target = Target(tiny_model, tiny_tokenizer)
@@ -99,6 +114,17 @@ def test_cli_trains_end_to_end(tiny_model_dir, tmp_path, capsys):
     code = main(["train", "--kind", "eagle", "--model", tiny_model_dir, "--out", str(out / "e"), "--data",
                  str(out / "data"), "--max-steps", "1", "--draft-vocab", "64", "--max-len", "128", "--resume"])
     assert code == 0 and "reusing cached data" in capsys.readouterr().out
+    # EAGLE-3 needs the states of its three layers, which that cache lacks: one line, then its own cache
+    eagle3 = ["train", "--kind", "eagle3", "--model", tiny_model_dir, "--out", str(out / "e3"), "--max-steps", "1",
+              "--draft-vocab", "64", "--max-len", "128", "--layout", "speculators"]
+    assert main([*eagle3, "--data", str(out / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "not the EAGLE-3 layers [1, 2, 3]" in err and len(err.strip().splitlines()) == 1
+    assert main([*eagle3, "--num-prompts", "2", "--num-followups", "0", "--max-new-tokens", "8"]) == 0
+    config = json.loads((out / "e3" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert main(["generate", "--model", tiny_model_dir, "--drafter", "eagle3", "--draft-head", str(out / "e3"),
+                 "--max-new-tokens", "8", "hello"]) == 0
 
 
 @pytest.mark.parametrize("argv, message", [
