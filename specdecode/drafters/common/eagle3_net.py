@@ -32,16 +32,9 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class Eagle3NetConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    draft_vocab_size: int
+class Eagle3NetConfig(EagleNetConfig):
+    """The draft layer's shape (EagleNetConfig: one layer of the target), and what EAGLE-3 adds."""
+
     vocab_size: int  # the target's: d2t maps into it, t2d has one entry per target token
     target_hidden_size: int
     aux_layers: tuple[int, int, int]
@@ -53,16 +46,14 @@ class Eagle3NetConfig:
             raise ValueError(f"EAGLE-3 fuses three target layers, got {self.aux_layers}")
 
     @staticmethod
-    def from_target(config, draft_vocab_size: int, vocab_size: int,
+    def from_target(config, draft_vocab_size: int, vocab_size: int,  # type: ignore[override]
                     aux_layers: tuple[int, int, int] | None = None) -> Eagle3NetConfig:
         """Shape the draft layer like one layer of the target (EagleNetConfig.from_target), fusing aux_layers
         (default_aux_layers when None)."""
         like = EagleNetConfig.from_target(config, draft_vocab_size)
         layers = aux_layers or default_aux_layers(config.num_hidden_layers)
-        return Eagle3NetConfig(like.hidden_size, like.intermediate_size, like.num_attention_heads,
-                               like.num_key_value_heads, like.head_dim, like.rms_norm_eps, like.rope_theta,
-                               like.max_position_embeddings, draft_vocab_size, vocab_size, config.hidden_size,
-                               tuple(layers))
+        return Eagle3NetConfig(**asdict(like), vocab_size=vocab_size, target_hidden_size=config.hidden_size,
+                               aux_layers=tuple(layers))
 
     def llama_config(self) -> LlamaConfig:
         return LlamaConfig(
