@@ -64,8 +64,8 @@ class _WarmupRecorder:
     def new_cache(self, rows, capacity):
         return None
 
-    def warmup(self, cache, width, hidden=False, num_layers=None):
-        self.calls.append((width, hidden, num_layers))
+    def warmup(self, cache, width, hidden=False, num_layers=None, hidden_layers=()):
+        self.calls.append((width, hidden, num_layers, hidden_layers))
 
 
 def test_router_reports_the_union_of_its_drafters_capabilities():
@@ -78,4 +78,9 @@ def test_router_reports_the_union_of_its_drafters_capabilities():
     assert router.max_nodes(3) == 15
     target = _WarmupRecorder()
     Engine(target, router, SpecConfig(k=3)).warmup()
-    assert target.calls == [(16, True, None), (1, False, 4)]
+    assert target.calls == [(16, True, None, ()), (1, False, 4, ())]
+    fused = RoutingDrafter({"fused": _Declares(Capabilities(needs_hidden=True, hidden_layers=(1, 2, 3)), nodes_per_k=5),
+                            "plain": _Declares(Capabilities())}, default="plain")  # EAGLE-3: the layers it reads
+    target = _WarmupRecorder()
+    Engine(target, fused, SpecConfig(k=3)).warmup()
+    assert target.calls == [(16, True, None, (1, 2, 3))]
