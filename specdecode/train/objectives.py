@@ -83,15 +83,26 @@ def eagle_loss(net: EagleNet, vocab: FrozenVocab, batch: Batch, steps: int = 3, 
         target_probs = vocab.logits(target_features).float().softmax(-1)  # [b, t', vd]
         target_top = target_probs.argmax(-1)
     valid = target_positions(batch, shift=1)  # [b, t']
+
+    def per_row(out: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # [b, t'] soft CE + feature regression
+        return soft_cross_entropy(logits, target_probs) + reg_weight * F.smooth_l1_loss(
+            out.float(), target_features, reduction="none").mean(-1)
+
+    return _score_steps(eagle_unroll(net, vocab, batch.tokens, features, steps), vocab.logits, per_row, target_top,
+                        valid, decay)
+
+
+def _score_steps(outputs: list[torch.Tensor], logits_of, per_row, target_top: torch.Tensor, valid: torch.Tensor,
+                 decay: float) -> tuple[torch.Tensor, StepStats]:
+    """The unrolled steps' loss, decayed by depth, and their top-1 agreement with the target. outputs: per step
+    [b, t', h]; logits_of(out) -> [b, t', vd]; per_row(out, logits) -> [b, t'] loss; step j scores rows >= j."""
     total, accuracy = 0.0, []
-    for step, out in enumerate(eagle_unroll(net, vocab, batch.tokens, features, steps)):
+    for step, out in enumerate(outputs):
         rows = valid.clone()
         rows[:, :step] = False
-        logits = vocab.logits(out)  # [b, t', vd]
-        per_row = soft_cross_entropy(logits, target_probs)
-        per_row = per_row + reg_weight * F.smooth_l1_loss(out.float(), target_features, reduction="none").mean(-1)
+        logits = logits_of(out)  # [b, t', vd]
         count = rows.sum().clamp(min=1)
-        total = total + decay**step * (per_row * rows).sum() / count
+        total = total + decay**step * (per_row(out, logits) * rows).sum() / count
         accuracy.append(float(((logits.argmax(-1) == target_top) & rows).sum() / count))
     return total, StepStats(float(total.detach()), accuracy)
 
@@ -110,15 +121,8 @@ def eagle3_loss(net: Eagle3Net, vocab: FrozenVocab, batch: Batch, steps: int = 3
         target_top = target_probs.argmax(-1)
     valid = target_positions(batch, shift=1)  # [b, t']
     fused = net.fuse(aux)  # [b, t, h]
-    total, accuracy = 0.0, []
-    for step, out in enumerate(eagle_unroll(net, vocab, batch.tokens, fused, steps)):
-        rows = valid.clone()
-        rows[:, :step] = False
-        logits = net.logits(out)  # [b, t', vd]
-        count = rows.sum().clamp(min=1)
-        total = total + decay**step * (soft_cross_entropy(logits, target_probs) * rows).sum() / count
-        accuracy.append(float(((logits.argmax(-1) == target_top) & rows).sum() / count))
-    return total, StepStats(float(total.detach()), accuracy)
+    return _score_steps(eagle_unroll(net, vocab, batch.tokens, fused, steps), net.logits,
+                        lambda out, logits: soft_cross_entropy(logits, target_probs), target_top, valid, decay)
 
 
 def medusa_loss(net: MedusaHeads, vocab: FrozenVocab, batch: Batch, decay: float = 0.8
