@@ -59,9 +59,10 @@ class ChunkSizer:
         self.chunk = self._choose(plain)
         return self.chunk
 
-    def bound(self, plain: float) -> float:
-        """The most seconds a chunk may add to a step: `burst` plain steps, or SPREAD x the fixed part."""
-        fixed = [cost for size, cost in self._medians().items() if size >= MIN_CLIMB]
+    def bound(self, plain: float, costs: dict[int, float] | None = None) -> float:
+        """The most seconds a chunk may add to a step: `burst` plain steps, or SPREAD x the fixed part.
+        costs: each size's median (default: as timed now)."""
+        fixed = [cost for size, cost in (self._medians() if costs is None else costs).items() if size >= MIN_CLIMB]
         return max(self.burst * plain, SPREAD * min(fixed)) if fixed else self.burst * plain
 
     def _choose(self, plain: float) -> int:
@@ -71,7 +72,8 @@ class ChunkSizer:
             samples = self._costs.get(size)
             if not samples or samples[-1][0] <= self._steps - PROBE_EVERY + 1:
                 return size
-        costs, bound = self._medians(), self.bound(plain)
+        costs = self._medians()
+        bound = self.bound(plain, costs)
         within = {size: cost for size, cost in costs.items() if cost <= bound}  # the fixed part always is
         top = max(within)
         over = [size // 2 for size, cost in costs.items() if size > top]  # tried lately and over: stay below half
