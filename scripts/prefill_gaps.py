@@ -1,6 +1,6 @@
 """A running stream's gaps while a long prompt (~3,000 tokens) arrives, on the default model's server: the stream's
-idle gap between SSE events, and the median and largest gap while the prompt is prefilled (docs/serving.md,
-"Continuous batching").
+idle gap between SSE events (before the prompt arrives, and that of the same stream run alone, at the same
+events), and the median and largest gap while the prompt is prefilled (docs/serving.md, "Continuous batching").
 
     .venv/bin/python scripts/prefill_gaps.py [trials]
 """
@@ -34,12 +34,24 @@ print(json.dumps(times))
 """
 
 
-def trial(server: BackgroundServer, model: str) -> str:
+def start_stream(server: BackgroundServer, model: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", STREAM, server.url, model], stdout=subprocess.PIPE, text=True)
+
+
+def gaps_of(stream: subprocess.Popen) -> list[tuple[float, float]]:
+    """(gap, when the earlier event came) for each pair of the stream's events, in order."""
+    times = json.loads(stream.communicate()[0])
+    return [(later - earlier, earlier) for earlier, later in zip(times, times[1:])]
+
+
+def trial(server: BackgroundServer, model: str, alone: list[tuple[float, float]]) -> str:
     """Both clients are processes of their own: in this process their threads took CPU and the GIL from the
     server's and held the stream longer than the server did; the long request is curl's, as a second Python
     process starting up took the CPU from the stream's client and delayed its reads by up to 170 ms
-    (perf_counter is the machine's monotonic clock, the same in every process)."""
-    stream = subprocess.Popen([sys.executable, "-c", STREAM, server.url, model], stdout=subprocess.PIPE, text=True)
+    (perf_counter is the machine's monotonic clock, the same in every process). A stream's step grows with its
+    context (at 1,000 tokens the keys and values it reads are about half the weights' bytes), so its gaps are
+    also set against those of the same stream run `alone`, event for event."""
+    stream = start_stream(server, model)
     time.sleep(4.0)
     sent = time.perf_counter()
     curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Content-Type: application/json",
@@ -48,21 +60,24 @@ def trial(server: BackgroundServer, model: str) -> str:
                             input=json.dumps({"model": model, "prompt": LONG_PROMPT, "max_tokens": 1,
                                               "temperature": 0})).stdout
     done = time.perf_counter()
-    times = json.loads(stream.communicate()[0])
-    gaps = [(later - earlier, earlier) for earlier, later in zip(times, times[1:])]
+    gaps = gaps_of(stream)
     idle = statistics.median(gap for gap, at in gaps if at < sent - 0.2)
-    during = [gap for gap, at in gaps if sent <= at <= done]
-    return (f"long request {done - sent:.2f} s ({status}); stream gap idle {idle * 1000:.1f} ms, during "
-            f"prefill median {statistics.median(during) * 1000:.1f} ms, max {max(during) * 1000:.1f} ms "
-            f"({max(during) / idle:.1f}x idle)")
+    events = [i for i, (_, at) in enumerate(gaps) if sent <= at <= done]
+    during = [gaps[i][0] for i in events]
+    same = statistics.median(gap for gap, _ in alone[events[0] : events[-1] + 1])
+    return (f"long request {done - sent:.2f} s ({status}); stream gap idle {idle * 1000:.1f} ms (alone at the "
+            f"same events {same * 1000:.1f} ms), during prefill median {statistics.median(during) * 1000:.1f} ms, "
+            f"max {max(during) * 1000:.1f} ms ({max(during) / idle:.1f}x idle, {max(during) / same:.1f}x alone at "
+            f"the same events)")
 
 
 def main() -> None:
     service = build_service(ServeConfig(ModelConfig(), DrafterConfig("prompt-lookup")).resolved())
     print("long prompt tokens:", len(service.target.tokenizer(LONG_PROMPT)["input_ids"]), flush=True)
     with BackgroundServer(create_app(service)) as server:
+        alone = gaps_of(start_stream(server, service.config.model_name))
         for number in range(int(sys.argv[1]) if len(sys.argv) > 1 else 2):
-            print(f"trial {number}: {trial(server, service.config.model_name)}", flush=True)
+            print(f"trial {number}: {trial(server, service.config.model_name, alone)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -319,7 +319,7 @@ class Engine:
         began = time.perf_counter()
         capabilities = self.drafter.capabilities
         out = self.target.forward(self.cache, rows, block, hidden=capabilities.needs_hidden,
-                                  hidden_layers=capabilities.hidden_layers)
+                                  hidden_layers=capabilities.hidden_layers, logit_rows=len(plan.seqs))
         if len(rows) == 1 and self.target.device.type == "cpu":  # what a row costs now (pass_costs.RowCostEstimate)
             self.target.row_costs.observe(block.input_ids.shape[1], time.perf_counter() - began)
         for b, (seq, chunk) in enumerate(chunks, start=len(plan.seqs)):

@@ -171,12 +171,16 @@ class Target:
     def rides(self, tokens: int, width: int) -> bool:
         """Whether a prompt chunk of `tokens` rides in a step's pass whose widest decode row is `width` tokens
         (Engine.step), rather than being a pass of its own. On a GPU a pass of a few rows costs about the same
-        padded or not, and a pass of its own would add a step's fixed cost: always. On a CPU only a chunk no
-        wider than the widest decode row: riding, a wider one would pad every row of the pass to its length,
-        which transformers' forward computes (40 prompt tokens beside three one-token rows: 160 rows for 43);
-        the native decoder computes no padding, yet riding still measured slower there (about a quarter fewer
-        tokens/s in bench-serve's agentic workload at 8 clients: docs/serving.md, "bench-serve")."""
-        return self.device.type != "cpu" or tokens <= width
+        padded or not, and a pass of its own would add a step's fixed cost: always. On the native CPU decoder
+        always too: it computes real rows only and, with `logit_rows`, scores the decode rows only. Beside a
+        one-token SmolLM2 int4 step at a 1,000-token context (8.3-8.8 ms) a riding chunk adds about 2.2-2.5 ms a
+        token from the first one (1.26x for one, 2.4x for four), a pass of its own the same and about 6 ms more
+        (2.01x for two, 2.65x for four), 2026-11-28, AMD EPYC VM. Riding once measured slower here (193 against
+        260 tokens/s, bench-serve agentic, 8 clients), when the riders' 49,152-wide logits were computed too.
+        Through transformers' forward on a CPU only a chunk no wider than the widest decode row: a wider one
+        would pad every row of the pass to its length, which that forward computes (40 prompt tokens beside
+        three one-token rows: 160 rows for 43)."""
+        return self.device.type != "cpu" or tokens <= width or (self._packed is not None and not self.fast.enabled)
 
     def new_cache(self, rows: int = 1, capacity: int = 256, num_layers: int | None = None) -> RollbackCache:
         if self.fast.enabled:
@@ -194,12 +198,15 @@ class Target:
         hidden: bool = False,
         num_layers: int | None = None,  # run only the first num_layers decoder layers (layer skip)
         hidden_layers: tuple[int, ...] = (),  # with hidden: these layers' input states side by side (EAGLE-3)
+        logit_rows: int | None = None,  # only the first logit_rows rows get logits, over their widest length
     ) -> ForwardOutput:
+        # logits: [b, q, vocab], or [logit_rows, widest of them, vocab]: the rows after them are riding prompt
+        # chunks, whose scores no one reads (the packed decoder skips them; the head is a fifth of SmolLM2)
         taps = tuple(hidden_layers) if hidden else ()
         if self._packed is not None and not cache.static:
             out = self._packed.forward(cache, rows, block.input_ids, block.positions, block.slots,
                                        self._layer_masks(block), keep_last=keep == "last", num_layers=num_layers,
-                                       lengths=block.lengths, taps=taps)
+                                       lengths=block.lengths, taps=taps, logit_rows=logit_rows)
             return ForwardOutput(out.logits, (out.taps if taps else out.hidden) if hidden else None)
         fn, q = self.model, block.input_ids.shape[1]
         if cache.static:
@@ -230,6 +237,8 @@ class Target:
                 torch.compiler.cudagraph_mark_step_begin()
             outputs = step(inputs)
         logits, states = outputs[0][:, :q], (outputs[1][:, :q] if hidden else None)
+        if logit_rows is not None and logit_rows < len(rows):
+            logits = logits[:logit_rows, : q if block.lengths is None else max(block.lengths[:logit_rows], default=0)]
         if fn is not self.model:  # CUDA-graph outputs are overwritten by the next replay: own a copy
             logits, states = logits.clone(), (None if states is None else states.clone())
         return ForwardOutput(logits, states)

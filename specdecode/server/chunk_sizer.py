@@ -9,8 +9,9 @@ jump from one token to two, and the noise, as the cost per token: the chunk stay
 CPU). So every size is timed on its own (the median of its last few steps, forgotten after SAMPLE_AGE chunk
 steps), and:
 
-- the bound: a chunk step adds at most `burst` plain steps, or twice what the cheapest chunk of MIN_CLIMB or
-  more tokens adds, where that is more (its fixed part: the tokens then spread it, up to as much again);
+- the bound: a chunk step adds at most `burst` plain steps, or, where a chunk wider than the decode rows is a
+  pass of its own, twice what the cheapest chunk of MIN_CLIMB or more tokens adds, where that is more (its
+  fixed part: the tokens then spread it, up to as much again);
 - the climb: from the largest timed size within the bound, a larger one is tried, as far as its cost scaled
   to the bound allows (at most twice it), and never past half a size that went over the bound lately;
 - the choice: the fewest tokens that load the prompt at least a third as fast (tokens per added second) as
@@ -43,6 +44,9 @@ class ChunkSizer:
 
     most: int  # the largest chunk (SchedulerConfig.prefill_chunk)
     burst: float  # the plain steps a chunk may add (SchedulerConfig.prefill_burst)
+    # whether a chunk wider than the decode rows is a pass of its own (Target.rides): only then has a chunk a
+    # fixed part that SPREAD lets the tokens share; a riding chunk's cost starts near nothing and grows
+    own_pass: bool = True
     chunk: int = MIN_CHUNK  # what the next step carries
     _costs: dict[int, collections.deque[tuple[int, float]]] = field(default_factory=dict)  # size -> (step, s)
     _steps: int = 0
@@ -63,7 +67,9 @@ class ChunkSizer:
         """The most seconds a chunk may add to a step: `burst` plain steps, or SPREAD x the fixed part.
         costs: each size's median (default: as timed now)."""
         fixed = [cost for size, cost in (self._medians() if costs is None else costs).items() if size >= MIN_CLIMB]
-        return max(self.burst * plain, SPREAD * min(fixed)) if fixed else self.burst * plain
+        if not fixed or not self.own_pass:
+            return self.burst * plain
+        return max(self.burst * plain, SPREAD * min(fixed))
 
     def _choose(self, plain: float) -> int:
         if self.most < MIN_CLIMB:

@@ -9,8 +9,9 @@ acceptance). New text goes back to the request's asyncio queue on the HTTP event
 Chunked prefill: prompts are prefilled a chunk per round, so running streams keep decoding while a long one
 loads, and a cancelled request stops at the next chunk; the prompts with the fewest tokens left go first. A
 chunk rides in the step's target pass as one more row (`Engine.step(..., prefill=)`): a pass of its own would
-add about a whole step of fixed cost on a small model or a CPU. On the CPU only a chunk no wider than the
-step's widest decode row does; a wider one is a pass of its own, since riding it would pad every decode row to
+add about a whole step of fixed cost on a small model or a CPU. On the native CPU decoder every chunk rides
+(it computes real rows only, and scores none of the chunk's: Target.rides); through transformers' forward on a
+CPU only a chunk no wider than the step's widest decode row does, since riding would pad every decode row to
 its length. With nothing decoding, a round carries
 `prefill_chunk` tokens, and so does a round while rows decode when short prompts (each at most `prefill_chunk`
 tokens in all) wait: short prompts join the batch at once, as many as fit a chunk each round (32 streams of 12
@@ -55,7 +56,7 @@ from specdecode.core.engine import Engine, Sequence, StepOutcome
 from specdecode.core.logprobs import TokenLogprob
 from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
-from specdecode.server.chunk_sizer import ChunkSizer
+from specdecode.server.chunk_sizer import MIN_CLIMB, ChunkSizer
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.policy import AcceptanceStats, SpecPolicy
 from specdecode.server.router import RoutingDrafter
@@ -239,7 +240,9 @@ class Scheduler:
         # times of the last steps that carried no prefill chunk; the quickest is a stream's usual step (their mean,
         # raised by a few slow steps and by the prompt's own tokenising, sized chunks that held streams 6-8x)
         self._plain_steps: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)
-        self._sizer = ChunkSizer(config.prefill_chunk, config.prefill_burst)  # a step's chunk while rows decode
+        # a step's chunk while rows decode; whether a chunk wider than one-token decode rows is a pass of its own
+        self._sizer = ChunkSizer(config.prefill_chunk, config.prefill_burst,
+                                 own_pass=not engine.target.rides(MIN_CLIMB, 1))
         self._credit = 0.0  # seconds of prefill that decoding time has paid for; a chunk rides when it is >= 0
         self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
         self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)

@@ -8,12 +8,15 @@ import asyncio
 import pytest
 import torch
 
+from specdecode.backends.cpu import native
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
+from specdecode.core.target import Target
 from specdecode.drafters import registry
+from specdecode.loading.formats import apply
 from specdecode.server.scheduler import Job, Ticket
 from tests.e2e.server_util import tiny_service
-from tests.tiny import tiny_drafter
+from tests.tiny import tiny_drafter, tiny_llama
 
 SPEC = SpecConfig(k=4, pause_on_time=False)
 NEW = 24
@@ -83,6 +86,32 @@ def test_chunks_riding_in_steps_decode_what_one_pass_decodes(tiny_target, tiny_t
     engine.release(seq)
     assert seq.output_ids == expected
     assert decode(engine, running) == expected_other
+
+
+@pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
+def test_on_the_native_decoder_every_chunk_rides():
+    """The native decoder computes real rows only and scores the decode rows only (logit_rows), so a chunk wider
+    than the decode rows rides in their pass, never a pass of its own, and decodes what one pass decodes."""
+    model = tiny_llama(max_positions=2048)
+    apply(model, "int4")
+    target = Target(model)
+    prompt, other = [(7 * i) % 250 + 3 for i in range(300)], [(5 * i) % 250 + 3 for i in range(40)]
+    generation = GenerationConfig(NEW, stop_on_eos=False)
+    alone = engine_for(target, "prompt-lookup", None)
+    expected = decode(alone, alone.start(prompt, SamplingConfig(), generation))
+    engine = engine_for(target, "prompt-lookup", None)
+    running = engine.start(other, SamplingConfig(), GenerationConfig(200, stop_on_eos=False))
+    seq = engine.admit(prompt, SamplingConfig(), generation)
+    passes = []
+    engine._prefill_pass = lambda seq, chunk: passes.append(len(chunk))
+    steps = 0
+    while seq.prefilling:
+        engine.step([running], prefill=[(seq, 1 + steps % 9)])
+        steps += 1
+    assert steps > 50 and passes == []
+    while not seq.finished:
+        engine.step([running, seq])
+    assert seq.output_ids == expected
 
 
 def test_eagle_gets_every_prefill_hidden_state(tiny_target, tiny_tokenizer, tiny_draft_dir):

@@ -220,6 +220,32 @@ def test_a_ragged_batch_computes_its_real_rows_only():
             assert torch.equal(batched[row, padded], batched[row, len(new) - 1])
 
 
+def test_riding_prompt_rows_get_no_logits_and_change_no_other_row():
+    """A step's decode rows (a 3-node chain, a 1-token step) with a 12-token prompt chunk riding after them:
+    `logit_rows` scores the decode rows only, [2, 3, vocab], each bit for bit its logits in a pass of its own;
+    the head reads the 4 decode positions, not the chunk's 12 (the head is a fifth of SmolLM2's bytes), the
+    chunk's hidden states are still all there, and a pass of riders only scores nothing."""
+    target = Target(packed(tiny_llama(), "int4"))
+    prompts = [PROMPT, PROMPT[:4] + [77, 78], PROMPT[:2]]
+    cache = target.new_cache(rows=3)
+    target.forward(cache, [0, 1, 2], build_block([0] * 3, prompts, [list(range(-1, len(p) - 1)) for p in prompts],
+                                                  target.pad_id, "cpu"))
+    chunk = [40 + i for i in range(12)]
+    news, parents = [[9, 10, 11], [3], chunk], [[-1, 0, 1], [-1], list(range(-1, 11))]
+    step = build_block([len(p) for p in prompts], news, parents, target.pad_id, "cpu")
+    heads, head = [], target._packed._head
+    target._packed._head = lambda rows, threads: (heads.append(rows.shape[0]), head(rows, threads))[1]
+    out = target.forward(cache, [0, 1, 2], step, hidden=True, logit_rows=2)
+    assert out.logits.shape[:2] == (2, 3) and heads == [4] and out.hidden.shape[:2] == (3, 12)
+    for row in range(2):
+        alone, _ = prefill(target, prompts[row])
+        single = target.forward(alone, [0], build_block([len(prompts[row])], [news[row]], [parents[row]],
+                                                         target.pad_id, "cpu")).logits
+        assert torch.equal(single[0], out.logits[row, : len(news[row])])
+    riders = build_block([len(prompts[2]) + 12], [[50, 51, 52]], [[-1, 0, 1]], target.pad_id, "cpu")
+    assert target.forward(cache, [2], riders, logit_rows=0).logits.shape == (0, 0, target.vocab_size)
+
+
 def test_layer_skip_runs_the_first_layers_only():
     model = packed(tiny_llama(), "int8")
     ours = prefill(Target(model), PROMPT, hidden=True, num_layers=2)[1]

@@ -113,6 +113,18 @@ def test_a_chunk_that_rides_cheaply_stays_below_the_step_that_is_a_pass_of_its_o
     assert len(over) <= 200 // chunk_sizer.SAMPLE_AGE + 1
 
 
+def test_where_every_chunk_rides_a_step_adds_at_most_the_burst():
+    """SmolLM2 int4 on the native decoder, where every chunk rides (Target.rides): one token adds 0.26 of a plain
+    step, each more 0.3 (8.8 ms steps, 2026-11-28). With no pass of its own there is no fixed part for tokens to
+    share, so the bound stays `burst` plain steps: the SPREAD rule would let 2 x 0.56 through, and steps of 3x."""
+    plain = 0.0088
+    costs = {"own_pass": ChunkSizer(most=256, burst=1.0), "rides": ChunkSizer(most=256, burst=1.0, own_pass=False)}
+    seen = {name: _run(sizer, lambda n: plain * (0.26 + 0.3 * (n - 1)), plain, 300) for name, sizer in costs.items()}
+    assert costs["rides"].bound(plain) == pytest.approx(plain)
+    assert max(added for _, added in seen["rides"][64:]) <= plain * 1.0001
+    assert costs["own_pass"].bound(plain) > 1.1 * plain  # the rule for a pass of its own would allow more
+
+
 def test_the_bound_follows_the_fixed_cost_as_the_context_grows():
     """Each step the fixed part grows (a longer context to attend to): the smallest chunk is timed again every
     PROBE_EVERY steps, and the bound follows it rather than the first prompt tokens' cost."""

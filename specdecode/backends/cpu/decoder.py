@@ -211,11 +211,13 @@ class PackedDecoder:
     def forward(self, cache, rows: list[int], input_ids: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, mask: torch.Tensor | dict[str, torch.Tensor], keep_last: bool = False,
                 num_layers: int | None = None, lengths: tuple[int, ...] | None = None,
-                taps: tuple[int, ...] = ()) -> DecoderOutput:
+                taps: tuple[int, ...] = (), logit_rows: int | None = None) -> DecoderOutput:
         # input_ids, positions, slots: [b, q]; mask: [b, 1, q, kv_len] bool (True = visible), or one per layer type
         # (Target._layer_masks: sliding-window layers see a windowed copy)
         # lengths: row b's real tokens (the first lengths[b]; the rest is padding, not computed); None: all q
         # taps: layers whose input states come back side by side in DecoderOutput.taps (EAGLE-3), each < the count
+        # logit_rows: only the first logit_rows rows get logits, over their widest length (None: every row); the
+        # rest are prompt chunks riding in the pass, whose scores no one reads (the head is a fifth of SmolLM2)
         masks = mask if isinstance(mask, dict) else {kind: mask for kind in LAYER_KINDS}
         mask = masks["full_attention"] if "full_attention" in masks else next(iter(masks.values()))
         b, q = input_ids.shape
@@ -254,26 +256,37 @@ class PackedDecoder:
             raise ValueError(f"taps {taps} must be layers below {count}")
         # [R, hidden]: the final norm, natively (transformers' is slow after the kernels)
         states = native.ops().rms_norm_rows(x, self._norm_weight, self._norm_eps, self.variant)
+        scored = b if logit_rows is None else logit_rows
+        width = max(lengths[:scored], default=0) if scored < b else q
         if keep_last:  # each row's last real position
-            logits = self._head(states[starts[1:] - 1], threads)[:, None]  # [b, 1, vocab]
+            logits = self._head(states[starts[1 : scored + 1] - 1], threads)  # [scored, vocab]
         else:
-            logits = self._head(states, threads)  # [R, vocab]: the head once per real row
+            logits = self._head(states[: starts[scored]], threads)  # [R', vocab]: the head once per real row
+            if real is not None or width < q:  # a padded position gets its row's last real one: never garbage
+                logits = logits[_padded_index(starts[: scored + 1], width)]  # [scored * width, vocab]
         side = torch.cat([tapped[t] for t in taps], dim=-1) if taps else None  # [R, taps x hidden]
-        if real is not None:  # a padded position gets its row's last real one: read by no one, never garbage
-            index = torch.minimum(starts[:-1, None] + torch.arange(q), starts[1:, None] - 1).reshape(-1)  # [b * q]
+        if real is not None:  # (read by no one)
+            index = _padded_index(starts, q)  # [b * q]
             states = states[index]
             side = None if side is None else side[index]
-            logits = logits if keep_last else logits[index]
         states = states.reshape(b, q, self.hidden)
-        logits = logits.reshape(b, -1, logits.shape[-1])
+        logits = logits.reshape(scored, 1 if keep_last else width, logits.shape[-1])
         return DecoderOutput(logits, states, None if side is None else side.reshape(b, q, -1))
 
     def _head(self, rows: torch.Tensor, threads: int) -> torch.Tensor:
         """[R, hidden] -> [R, vocab]."""
+        if not len(rows):  # a pass of riding prompt chunks only: no scores wanted
+            return rows.new_zeros(0, getattr(self.head, "out_features", None) or self.model.config.vocab_size)
         if getattr(self.head, "threaded", False):  # a PackedLinear, or a draft's shortlist of one
             return self.head(rows, threads)
         # a float head multiplies row by row: a float matmul's rounding depends on how many rows it has
         return torch.stack([self.head(row) for row in rows])
+
+
+def _padded_index(starts: torch.Tensor, width: int) -> torch.Tensor:
+    """starts: [n + 1] offsets of n rows' real positions in a flat [R, ...] tensor -> [n * width] indices that lay
+    them out `width` wide, a padded position taking its row's last real one."""
+    return torch.minimum(starts[:-1, None] + torch.arange(width), starts[1:, None] - 1).reshape(-1)
 
 
 def _eps(norm: nn.Module, config) -> float:
