@@ -80,7 +80,9 @@ class ChunkSizer:
                 return size
         costs = self._medians()
         bound = self.bound(plain, costs)
-        within = {size: cost for size, cost in costs.items() if cost <= bound}  # the fixed part always is
+        within = {size: cost for size, cost in costs.items() if cost <= bound}  # the fixed part is, if counted
+        if not within:  # even one token adds more (a riding token late in a long prompt): the fewest go
+            return MIN_CHUNK
         top = max(within)
         over = [size // 2 for size, cost in costs.items() if size > top]  # tried lately and over: stay below half
         reach = int(top * bound / max(within[top], 1e-9))  # where the cost would meet the bound, per token

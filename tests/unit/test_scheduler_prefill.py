@@ -11,7 +11,7 @@ from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, S
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
 from specdecode.server import chunk_sizer
-from specdecode.server.chunk_sizer import MIN_CLIMB, ChunkSizer
+from specdecode.server.chunk_sizer import MIN_CHUNK, MIN_CLIMB, ChunkSizer
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import Job, Scheduler, SchedulerConfig, Ticket
@@ -123,6 +123,14 @@ def test_where_every_chunk_rides_a_step_adds_at_most_the_burst():
     assert costs["rides"].bound(plain) == pytest.approx(plain)
     assert max(added for _, added in seen["rides"][64:]) <= plain * 1.0001
     assert costs["own_pass"].bound(plain) > 1.1 * plain  # the rule for a pass of its own would allow more
+
+
+def test_where_even_one_riding_token_adds_more_than_the_bound_one_token_goes():
+    """Late in a long prompt one riding token attends over thousands of cached ones and may add more than the
+    bound by itself: the fewest tokens go (no size is within the bound; the sizer raised here once)."""
+    sizer = ChunkSizer(most=256, burst=0.5, own_pass=False)
+    seen = _run(sizer, lambda n: 0.010 * (0.8 + 0.3 * n), 0.010, 100)
+    assert [tokens for tokens, _ in seen[-32:]].count(MIN_CHUNK) >= 30
 
 
 def test_the_bound_follows_the_fixed_cost_as_the_context_grows():
