@@ -64,11 +64,12 @@ def trial(server: BackgroundServer, model: str, alone: list[tuple[float, float]]
     idle = statistics.median(gap for gap, at in gaps if at < sent - 0.2)
     events = [i for i, (_, at) in enumerate(gaps) if sent <= at <= done]
     during = [gaps[i][0] for i in events]
-    same = statistics.median(gap for gap, _ in alone[events[0] : events[-1] + 1])
+    same_events = [gap for gap, _ in alone[events[0] : events[-1] + 1]]
+    same = statistics.median(same_events)
     return (f"long request {done - sent:.2f} s ({status}); stream gap idle {idle * 1000:.1f} ms (alone at the "
             f"same events {same * 1000:.1f} ms), during prefill median {statistics.median(during) * 1000:.1f} ms, "
             f"max {max(during) * 1000:.1f} ms ({max(during) / idle:.1f}x idle, {max(during) / same:.1f}x alone at "
-            f"the same events)")
+            f"the same events; alone its own max there is {max(same_events) / same:.1f}x)")
 
 
 def main() -> None:
