@@ -16,7 +16,7 @@ from specdecode.drafters import registry
 from specdecode.loading.formats import apply
 from specdecode.server.scheduler import Job, Ticket
 from tests.e2e.server_util import tiny_service
-from tests.tiny import tiny_drafter, tiny_llama
+from tests.tiny import tiny_drafter, tiny_gemma3, tiny_llama
 
 SPEC = SpecConfig(k=4, pause_on_time=False)
 NEW = 24
@@ -89,12 +89,15 @@ def test_chunks_riding_in_steps_decode_what_one_pass_decodes(tiny_target, tiny_t
 
 
 @pytest.mark.skipif(native.missing() is not None, reason=str(native.missing()))
-def test_on_the_native_decoder_every_chunk_rides():
+@pytest.mark.parametrize("tiny_model", [lambda: tiny_llama(max_positions=2048), tiny_gemma3], ids=["llama", "gemma3"])
+def test_on_the_native_decoder_every_chunk_rides(tiny_model):
     """The native decoder computes real rows only and scores the decode rows only (logit_rows), so a chunk wider
-    than the decode rows rides in their pass, never a pass of its own, and decodes what one pass decodes."""
-    model = tiny_llama(max_positions=2048)
+    than the decode rows rides in their pass, never a pass of its own, and decodes what one pass decodes (Gemma 3:
+    its sliding-window layers see their window from a riding row too)."""
+    model = tiny_model()
     apply(model, "int4")
     target = Target(model)
+    assert target.packed_decoder
     prompt, other = [(7 * i) % 250 + 3 for i in range(300)], [(5 * i) % 250 + 3 for i in range(40)]
     generation = GenerationConfig(NEW, stop_on_eos=False)
     alone = engine_for(target, "prompt-lookup", None)
