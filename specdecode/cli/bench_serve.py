@@ -8,7 +8,8 @@ import urllib.parse
 from pathlib import Path
 
 from specdecode.bench.prompts import load_prompts
-from specdecode.bench.serve import Level, bench_at, bench_served, first_model, markdown
+from specdecode.bench.serve import bench_served
+from specdecode.bench.serve_client import Level, bench_at, first_model, markdown
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
 from specdecode.server.service import ServeConfig

@@ -1,0 +1,160 @@
+"""The client of `specdecode bench-serve` (bench/serve.py): streaming chat requests from a pool of threads, timed
+to the first content chunk and to [DONE], over concurrency levels with speculation on and off. The standard
+library only (threads + http.client), so it runs against any OpenAI-compatible server and, in a process of its
+own, imports neither torch nor the server."""
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from specdecode.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Sample:
+    latency_s: float
+    ttft_s: float
+    tokens: int
+    tau: float
+
+
+@dataclass(frozen=True)
+class Level:
+    concurrency: int
+    speculation: bool
+    samples: tuple[Sample, ...]
+    wall_s: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.samples)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def latency(self, q: float) -> float:
+        return percentile([s.latency_s for s in self.samples], q)
+
+    def ttft(self, q: float) -> float:
+        return percentile([s.ttft_s for s in self.samples], q)
+
+    @property
+    def tau(self) -> float:
+        passes = sum(s.tokens / s.tau for s in self.samples if s.tau > 0)
+        return self.tokens / passes if passes else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty list."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def one_request(url: str, body: dict, timeout: float = 900.0) -> Sample:
+    """One streaming chat completion; time to first content chunk and to [DONE]."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    began = time.perf_counter()
+    try:
+        connection.request("POST", parts.path.rstrip("/") + "/v1/chat/completions", json.dumps(body),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise ConfigError(f"the server refused a request: HTTP {response.status}: "
+                              f"{_error_message(response.read())}")
+        first, usage = None, None
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise ConfigError(f"the server failed a request: {chunk['error'].get('message', 'error')}")
+            usage = chunk.get("usage") or usage
+            if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                first = time.perf_counter() - began
+        latency = time.perf_counter() - began
+    finally:
+        connection.close()
+    usage = usage or {}
+    return Sample(latency, first if first is not None else latency, int(usage.get("completion_tokens", 0)),
+                  float(usage.get("tau", 0.0)))
+
+
+def run_level(url: str, model: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int,
+              speculation: bool) -> Level:
+    def body(i: int) -> dict:
+        request = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+                   "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                   "stream_options": {"include_usage": True}}
+        if not speculation:
+            request["speculation"] = {"drafter": "none"}
+        return request
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        samples = tuple(pool.map(lambda i: one_request(url, body(i)), range(requests)))
+    return Level(concurrency, speculation, samples, time.perf_counter() - began)
+
+
+def markdown(levels: list[Level]) -> str:
+    lines = ["| concurrency | speculation | requests | tokens | tokens/s | speedup | p50 latency s | p95 latency s "
+             "| p50 TTFT s | tau |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    plain = {level.concurrency: level.tokens_per_s for level in levels if not level.speculation}
+    for level in levels:
+        base = plain.get(level.concurrency)
+        speedup = f"{level.tokens_per_s / base:.2f}x" if base else "-"
+        lines.append(f"| {level.concurrency} | {'on' if level.speculation else 'off'} | {len(level.samples)} | "
+                     f"{level.tokens} | {level.tokens_per_s:.1f} | {speedup} | {level.latency(50):.2f} | "
+                     f"{level.latency(95):.2f} | {level.ttft(50):.2f} | {level.tau:.2f} |")
+    return "\n".join(lines)
+
+
+def bench(url: str, model: str, prompts: list[str], concurrency: list[int], requests: int | None,
+          max_tokens: int) -> list[Level]:
+    one_request(url, {"model": model, "messages": [{"role": "user", "content": prompts[0]}], "max_tokens": 4,
+                      "temperature": 0, "stream": True})  # warm-up
+    levels = []
+    for c in concurrency:
+        n = requests or max(4, 2 * c)
+        for speculation in (True, False) if len(levels) % 4 == 0 else (False, True):  # alternate the order
+            levels.append(run_level(url, model, prompts, c, n, max_tokens, speculation))
+    return levels
+
+
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI-style JSON error body, else the body's start, on one line."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return " ".join(body[:300].decode(errors="replace").split())
+
+
+def bench_at(url: str, *rest) -> list[Level]:
+    """bench(), with a server that cannot be reached as one line."""
+    try:
+        return bench(url, *rest)
+    except (OSError, http.client.HTTPException) as error:
+        raise ConfigError(f"cannot reach the server at {url}: {error}") from None
+
+
+def first_model(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+    try:
+        connection.request("GET", parts.path.rstrip("/") + "/v1/models")
+        return json.loads(connection.getresponse().read())["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        raise ConfigError(f"cannot list models at {url}: {error}") from None
+    finally:
+        connection.close()
