@@ -1,9 +1,10 @@
 """How many prompt tokens a step may carry while streams decode: a ladder of chunk sizes, each timed.
 
 A step that carries a chunk of a long prompt costs the running streams what it adds over a plain step. That
-cost is not a line in the chunk's size on a CPU: one token rides in the decode rows' pass for little, a chunk
-wider than the decode rows is a pass of its own (a fixed cost of about a whole step), and past that each token
-costs what the context it attends to makes it cost. A straight line fitted through a few small sizes read the
+cost need not be a line in the chunk's size: where a chunk wider than the decode rows is a pass of its own
+(transformers' forward on a CPU; Target.rides), one token rides in the decode rows' pass for little, two or more
+pay a fixed cost of about a whole step, and past that each token costs what the context it attends to makes it
+cost. On the native decoder every chunk rides, and its cost starts near nothing. A straight line fitted through a few small sizes read the
 jump from one token to two, and the noise, as the cost per token: the chunk stayed at 1-2 tokens, and a
 2,000-token prompt that takes 0.2 s alone took 13.6 s beside a stream, which ended first (tiny model, 2-core
 CPU). So every size is timed on its own (the median of its last few steps, forgotten after SAMPLE_AGE chunk
