@@ -4,11 +4,11 @@ A step that carries a chunk of a long prompt costs the running streams what it a
 cost need not be a line in the chunk's size: where a chunk wider than the decode rows is a pass of its own
 (transformers' forward on a CPU; Target.rides), one token rides in the decode rows' pass for little, two or more
 pay a fixed cost of about a whole step, and past that each token costs what the context it attends to makes it
-cost. On the native decoder every chunk rides, and its cost starts near nothing. A straight line fitted through a few small sizes read the
-jump from one token to two, and the noise, as the cost per token: the chunk stayed at 1-2 tokens, and a
-2,000-token prompt that takes 0.2 s alone took 13.6 s beside a stream, which ended first (tiny model, 2-core
-CPU). So every size is timed on its own (the median of its last few steps, forgotten after SAMPLE_AGE chunk
-steps), and:
+cost. On the native decoder every chunk rides, and its cost starts near nothing. A straight line fitted
+through a few small sizes read the jump from one token to two, and the noise, as the cost per token: the chunk
+stayed at 1-2 tokens, and a 2,000-token prompt that takes 0.2 s alone took 13.6 s beside a stream, which ended
+first (tiny model, 2-core CPU). So every size is timed on its own (the median of its last few steps, forgotten
+after SAMPLE_AGE chunk steps), and:
 
 - the bound: a chunk step adds at most `burst` plain steps, or, where a chunk wider than the decode rows is a
   pass of its own, twice what the cheapest chunk of MIN_CLIMB or more tokens adds, where that is more (its
