@@ -17,8 +17,8 @@ after SAMPLE_AGE chunk steps), and:
   to the bound allows (at most twice it), and never past half a size that went over the bound lately;
 - the choice: the fewest tokens that load the prompt at least a third as fast (tokens per added second) as
   the best size within the bound. On the tiny model one riding token loads at a tenth of a 64-token chunk's
-  speed, so chunks of ~16-30 go; on SmolLM2 int4 at a 1,000-3,000-token context one token (2.8 ms) loads at
-  0.36 tokens a ms, eight (15.6 ms, two plain steps) at 0.51, so one token goes and streams barely notice it.
+  speed, so chunks of ~16-30 go; SmolLM2 int4 on the native decoder, at a 1,000-token context, adds about
+  2.3 ms for one riding token and about as much for each more, so one token goes (two now and then).
 
 Both grow with the context the prompt's tokens attend to, so one chunk step in PROBE_EVERY carries one token
 and one carries MIN_CLIMB tokens again, and the bound and the choice follow them.
