@@ -27,3 +27,6 @@ class Generation:
     passes: int | None = None  # target passes that produced tokens (prefill folded in, not counted apart)
     proposed: int | None = None  # draft tokens offered for verification
     accepted: int | None = None  # draft tokens the target kept
+    # seconds spent prefilling, drafting and verifying, by the engine's own timers (GenerationMetrics; the rest of
+    # `seconds` is committing, detokenizing and the loop); None: the method has no such timers
+    phases: tuple[float, float, float] | None = None

@@ -390,6 +390,7 @@ def _engine_runner(engine: Engine) -> Callable:
         assert seq is not None
         m = seq.metrics
         ids = cut_at_eos(list(seq.output_ids), engine.target.eos_ids)
-        return Generation(ids, seconds, m.target_passes, m.proposed, m.accepted)
+        return Generation(ids, seconds, m.target_passes, m.proposed, m.accepted,
+                          (m.prefill_s, m.draft_s, m.verify_s))
 
     return run

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdecode.bench.summary import OVERALL
+from specdecode.bench.summary import OVERALL, SPLIT
 
 SCHEMA_VERSION = 1
 
@@ -32,6 +32,11 @@ def _lossless(row: dict[str, Any]) -> str:
     return f"{row['lossless_prompts']}/{row['prompts']}"
 
 
+def _split(row: dict[str, Any]) -> str:
+    split = row.get("time_split")
+    return "-" if split is None else " / ".join(f"{100 * split[name]:.0f}" for name in SPLIT) + " %"
+
+
 # Extra per-method columns (e.g. fraction of the bandwidth floor) are appended here.
 OVERALL_COLUMNS: list[Column] = [
     Column("speedup", "speedup", _num("speedup", ".2f", "x")),
@@ -43,6 +48,7 @@ OVERALL_COLUMNS: list[Column] = [
     Column("bugs", "bugs", _num("bugs", "d")),
     Column("same_as_plain", "= our plain", lambda row: "-" if row.get("same_as_plain") is None
            else f"{row['same_as_plain']}/{row['turns']}"),
+    Column("time_split", "prefill / draft / verify", _split),
     Column("peak_rss_mb", "peak RSS MB", _num("peak_rss_mb", ".0f")),
 ]
 

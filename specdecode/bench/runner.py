@@ -36,6 +36,7 @@ from specdecode.bench.methods import BASELINE, Method
 from specdecode.bench.prompts import Question
 
 PLAIN = "specdecode-none"
+PHASES = ("prefill_s", "draft_s", "verify_s")  # Generation.phases, as results.json names them
 NEAR_TIE_EPS = 4.0  # tolerance = NEAR_TIE_EPS * machine epsilon of the model dtype * max(1, |top logit|)
 WARMUP_TOKENS = 16
 RSS_SAMPLE_S = 0.02  # PeakRss's sampling period where the kernel's peak cannot be reset
@@ -85,6 +86,8 @@ class Record:
                "time_s": round(g.seconds, 5), "target_passes": g.passes, "proposed": g.proposed,
                "accepted": g.accepted, "identical": self.identical, "same_as_plain": self.same_as_plain,
                "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb, 1)}
+        if g.phases is not None:
+            out.update(zip(PHASES, (round(s, 5) for s in g.phases)))
         if self.mismatch is not None:
             out["mismatch"] = vars(self.mismatch)
         return out

@@ -11,6 +11,7 @@ from specdecode.bench.methods import BASELINE
 from specdecode.bench.runner import Record
 
 OVERALL = "overall"
+SPLIT = ("prefill", "draft", "verify")  # time_split's keys, in Generation.phases' order
 CONVENTIONS = (
     "all figures are ratios of sums over a cell's runs, not means of per-prompt ratios",
     "tokens_per_s = new tokens / wall seconds (prefill included, after a warm-up call per method)",
@@ -22,6 +23,8 @@ CONVENTIONS = (
     "same_as_plain = turns whose output equals our plain decoding's (specdecode-none in the same run) token for "
     "token, with no tolerance (null when not compared)",
     "multi-turn: later turns follow the baseline's answers, for every method",
+    "time_split = shares of the wall seconds spent prefilling, drafting and verifying, by the engine's own timers "
+    "(the rest: committing, detokenizing, the loop; null for methods without those timers)",
     "peak_rss_mb = the highest peak resident set size (MiB) of the whole process while the method decoded one "
     "of the cell's turns (every loaded model counts, so compare methods by their differences)",
 )
@@ -76,6 +79,7 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         "speedup": _round(_ratio(rate, base_rate), 4),
         "tau": _round(_ratio(tokens, _sum(cell, "passes")), 4),
         "acceptance_rate": _round(_ratio(_sum(cell, "accepted"), _sum(cell, "proposed") or None), 4),
+        "time_split": _time_split(cell, seconds),
         "peak_rss_mb": _peak_rss(cell),
         "lossless_prompts": None,
         "mismatches": None,
@@ -92,6 +96,15 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         row["near_ties"] = sum(r.mismatch is not None and r.mismatch.kind == "near-tie" for r in mismatched)
         row["bugs"] = len(mismatched) - row["near_ties"]
     return row
+
+
+def _time_split(cell: list[Record], seconds: float) -> dict[str, float] | None:
+    """Shares of the cell's wall seconds in prefill, drafting and verification; None when a run was not split
+    (a peer's) or took no time. Example: 10 s of which 1.5 prefill, 3 drafting, 5 verifying -> 0.15 / 0.3 / 0.5."""
+    phases = [r.generation.phases for r in cell]
+    if seconds <= 0 or any(p is None for p in phases):
+        return None
+    return {name: round(sum(p[i] for p in phases) / seconds, 4) for i, name in enumerate(SPLIT)}
 
 
 def _peak_rss(cell: list[Record]) -> float | None:

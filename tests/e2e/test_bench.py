@@ -93,6 +93,21 @@ def test_bench_writes_three_files_with_stable_fields(bench_out):
         assert f"| {method} |" in report
 
 
+def test_time_split_is_recorded_for_our_methods(bench_out):
+    """Our engine's methods split their seconds into prefill / draft / verify (shares within the wall time);
+    peers without those timers get none."""
+    results = json.loads((bench_out / "results.json").read_text())
+    for row in results["results"]:
+        split = row["time_split"]
+        if not row["method"].startswith("specdecode-"):
+            assert split is None, row
+            continue
+        assert set(split) == {"prefill", "draft", "verify"} and 0 < sum(split.values()) <= 1, row
+        if row["method"] == "specdecode-none":
+            assert split["verify"] > split["draft"], row  # plain decoding drafts nothing
+    assert "| prefill / draft / verify |" in (bench_out / "report.md").read_text()
+
+
 def test_peak_rss_is_recorded_per_method(bench_out):
     results = json.loads((bench_out / "results.json").read_text())
     for entry in results["runs"] + results["results"]:
