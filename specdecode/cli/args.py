@@ -1,6 +1,6 @@
 """The flags the subcommands share (the model, the drafter and its options, speculation), mapped once onto the
-library's frozen configs (model_config, drafter_config, spec_config), and how the command line spells the
-library's option names (`flag`)."""
+library's frozen configs (model_config, drafter_config, spec_config). How the command line spells the library's
+option names and errors: commands.py."""
 from __future__ import annotations
 
 import argparse
@@ -16,25 +16,8 @@ from specdecode.config import (
 )
 from specdecode.drafters import AUTO, best_drafter_name, check_options_read, registry
 from specdecode.drafters.lookahead import LookaheadConfig
-from specdecode.errors import ConfigError, OptionError
+from specdecode.errors import ConfigError
 from specdecode.loading.packages import PACKAGED
-
-EXIT_USAGE = 2
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse prints usage too)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def flag(option: str) -> str:
-    """The command-line flag of a library option name (exit_layer -> --exit-layer)."""
-    return "--" + option.replace("_", "-")
-
-
-def usage_error(error: Exception) -> str:
-    """A library error as the command line says it: option names as flags."""
-    return error.spelled(flag) if isinstance(error, OptionError) else str(error)
 
 
 def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> None:

@@ -8,12 +8,13 @@ import sys
 
 from specdecode.bench.harness import BenchConfig, benchmark
 from specdecode.bench.methods import SCHEDULES, available
+from specdecode.cli.commands import COMMANDS
 from specdecode.config import DRAFT_WEIGHTS, WEIGHTS, DrafterConfig, FastPathConfig, ModelConfig
 
 
 def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        name, help="Spec-Bench-style benchmark: specdecode drafters vs transformers generate / assisted generation",
+        name, help=COMMANDS[name].help,
         description="Runs every method on the same model and prompts in one process (warm-up, interleaved order) "
                     "and writes results.json, report.md and speedup.png to --out. Methods: "
                     + ", ".join(available(has_draft=True)) + ".",

@@ -10,6 +10,7 @@ from pathlib import Path
 from specdecode.bench.prompts import load_prompts
 from specdecode.bench.serve import bench_served
 from specdecode.bench.serve_client import Level, bench_at, first_model, markdown
+from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
 from specdecode.server.service import ServeConfig
@@ -105,7 +106,7 @@ def _check_out(out: str | None) -> None:
 
 
 def register(subparsers, name: str) -> None:
-    parser = subparsers.add_parser(name, help="benchmark the server: tokens/s and latency, speculation on vs off")
+    parser = subparsers.add_parser(name, help=COMMANDS[name].help)
     first = len(parser._actions)
     add_server_args(parser)
     parser.set_defaults(max_batch=None, max_queue=None)  # default: the largest --concurrency (at least 8 and 64)

@@ -13,6 +13,7 @@ import torch
 from specdecode.bench import fastpath, quality, structured
 from specdecode.bench.passcost import RANDOM_CONFIGS
 from specdecode.cli.args import device_arg
+from specdecode.cli.commands import COMMANDS
 from specdecode.config import GenerationConfig
 from specdecode.drafters import registry
 from specdecode.errors import ConfigError
@@ -20,8 +21,7 @@ from specdecode.loading.load import parse_dtype
 
 
 def register_fastpath(subparsers, name: str = "bench-fastpath"):
-    parser = subparsers.add_parser(name, help="fast path vs eager: tokens/s as a fraction of the bandwidth floor, "
-                                             "and the per-pass cost curve (default model or a random Llama shape)")
+    parser = subparsers.add_parser(name, help=COMMANDS[name].help)
     parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--random-config", default=None, choices=sorted(RANDOM_CONFIGS),
                         help="a random-initialised Llama shape instead of a real model")
@@ -74,7 +74,7 @@ def cmd_fastpath(args) -> int:
 
 
 def register_quality(subparsers, name: str = "bench-quality") -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help="greedy token agreement and perplexity of weight formats vs float32",
+    parser = subparsers.add_parser(name, help=COMMANDS[name].help,
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="packaged model name, HF dir, .gguf or hub id (default: SmolLM2)")
     parser.add_argument("--formats", default=",".join(quality.FORMATS),
@@ -115,8 +115,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
 
 
 def register_structured(subparsers, name: str = "bench-structured") -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(name, help="structured outputs under speculation: each drafter with and without "
-                                              "grammar drafting against constrained plain decoding",
+    parser = subparsers.add_parser(name, help=COMMANDS[name].help,
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="packaged model name, HF dir, .gguf or hub id (default: SmolLM2)")
     parser.add_argument("--drafters", default=",".join(structured.DEFAULT_DRAFTERS),

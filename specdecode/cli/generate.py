@@ -13,6 +13,7 @@ from specdecode.cli.args import (
     resolved_drafter,
     spec_config,
 )
+from specdecode.cli.commands import COMMANDS
 from specdecode.config import GenerationConfig, SamplingConfig, Structure
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.sequence import Sequence
@@ -21,7 +22,7 @@ from specdecode.errors import ConfigError
 
 
 def register(subparsers, name: str = "generate") -> None:
-    gen = subparsers.add_parser(name, help="generate text for one prompt, streaming, then print metrics")
+    gen = subparsers.add_parser(name, help=COMMANDS[name].help)
     gen.add_argument("prompt")
     add_model_args(gen, AUTO)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

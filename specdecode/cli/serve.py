@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from specdecode.cli.args import add_model_args, drafter_config, model_config, spec_config
+from specdecode.cli.commands import COMMANDS
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
@@ -204,7 +205,7 @@ def _port(text: str) -> int:
 
 
 def register(subparsers, name: str) -> None:
-    parser = subparsers.add_parser(name, help="OpenAI-compatible HTTP server with batched speculative decoding")
+    parser = subparsers.add_parser(name, help=COMMANDS[name].help)
     add_server_args(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_port, default=8000)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from specdecode.cli.args import device_arg
+from specdecode.cli.commands import COMMANDS
 from specdecode.drafters.common.eagle3_format import LAYOUTS
 from specdecode.errors import ConfigError
 from specdecode.train.data import DataConfig
@@ -22,7 +23,7 @@ from specdecode.train.trainer import TrainConfig
 
 
 def register(subparsers, name: str) -> None:
-    parser = subparsers.add_parser(name, help="train an EAGLE, EAGLE-3 or Medusa drafter head for a target model")
+    parser = subparsers.add_parser(name, help=COMMANDS[name].help)
     parser.add_argument("--kind", required=True, choices=["eagle", "eagle3", "medusa"])
     parser.add_argument("--model", default=None,
                         help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")

@@ -9,7 +9,7 @@ from specdecode.bench.harness import BenchConfig, validate
 from specdecode.bench.methods import Method
 from specdecode.bench.prompts import OPT_IN, load_prompts
 from specdecode.bench.runner import BenchSettings, _warm_up
-from specdecode.cli.args import usage_error
+from specdecode.cli.commands import usage_error
 from specdecode.config import DrafterConfig
 from specdecode.errors import ConfigError
 from tests.tiny import byte_tokenizer
