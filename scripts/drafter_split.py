@@ -16,6 +16,7 @@ from specdecode.api import SpecDecoder
 from specdecode.bench.prompts import load_prompts, select
 from specdecode.bench.runner import encode_conversation
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.drafters import get_spec
 
 FIELDS = ("prefill_s", "draft_s", "verify_s")
 
@@ -31,7 +32,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     args = parser.parse_args()
     names = args.methods.split(",")
-    decoders = {name: SpecDecoder.load(args.model, DrafterConfig(name, draft_model=args.draft_model),
+    draft = {name: args.draft_model if get_spec(name).needs_draft_model else None for name in names}
+    decoders = {name: SpecDecoder.load(args.model, DrafterConfig(name, draft_model=draft[name]),
                                        spec=SpecConfig(k=args.k)) for name in names}
     tokenizer = decoders[names[0]].tokenizer
     questions = select(load_prompts(None, tuple(args.category.split(",")) if args.category else None), args.limit)
