@@ -37,6 +37,7 @@ ALLOWED_LOCAL = {
     ("specdecode.bench.llamacpp", "llama_cpp"): "llama-cpp-python is an optional extra (the bench's llamacpp peer)",
     ("specdecode.bench.report", "matplotlib"): "~1.4 s of import that only `bench`, drawing its plot, needs",
     ("specdecode.bench.report", "matplotlib.pyplot"): "~1.4 s of import that only `bench`, drawing its plot, needs",
+    ("specdecode.cli.main", "transformers"): "quietened once a command runs: `specdecode --help` imports no model code",
 }
 
 
