@@ -17,8 +17,8 @@ its steps whose drafter proposed anything (prompt lookup often finds nothing, an
 plain decoding. A row's estimates are shrunk towards its drafter's pooled estimate over recent rows, which is
 shrunk towards fixed constants. All evidence decays every step (`memory`, `pooled_memory`), so when
 speculation has been switched off the estimates drift back towards the prior and it is tried again later
-instead of staying off forever. The draft cost per unit of K is measured online by the scheduler (it matters
-for model drafters, ~0 for prompt lookup).
+instead of staying off forever. The draft cost per unit of K is measured online by the scheduler (DraftCost: it matters
+for model drafters, ~0 for prompt lookup) and fades like the acceptance evidence while nothing drafts.
 """
 from __future__ import annotations
 
@@ -177,6 +177,24 @@ class AcceptanceStats:
         alpha = (self.accepted + alpha0 * weight) / (self.trials + weight)
         p_draft = (self.drafted_steps + p0 * weight) / (self.spec_steps + weight)
         return RowEstimate(min(alpha, 0.99), min(p_draft, 1.0), max_k)
+
+
+@dataclass
+class DraftCost:
+    """The batch's drafting time per unit of K (ms), measured online: an exponential average over the steps that
+    drafted, which fades like the acceptance evidence on steps that drafted nothing, so that one slow sample
+    cannot switch speculation off for good (it was: a request's first draft, which also runs the draft model over
+    its prompt, priced the Qwen pair's 0.5B at 294 ms per token, and no later step drafted to correct it). The
+    scheduler does not sample a request's first drafting step."""
+
+    ms_per_k: float = 0.0
+
+    def observe(self, samples: Sequence[float], memory: float) -> None:
+        """samples: this step's drafting ms per unit of K (one per sampled row; none: nothing was drafted)."""
+        if samples:
+            self.ms_per_k = 0.8 * self.ms_per_k + 0.2 * max(samples)
+        else:
+            self.ms_per_k *= memory
 
 
 def calibrate(target: Target, batches: Sequence[int] = (1, 2, 4, 8, 16),

@@ -58,7 +58,7 @@ from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
 from specdecode.server.chunk_sizer import MIN_CLIMB, ChunkSizer
 from specdecode.server.metrics import ServerMetrics
-from specdecode.server.policy import AcceptanceStats, SpecPolicy
+from specdecode.server.policy import AcceptanceStats, DraftCost, SpecPolicy
 from specdecode.server.router import RoutingDrafter
 
 NO_SPECULATION = "none"
@@ -215,6 +215,7 @@ class _Slot:
     length: DraftLength
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     first_token_at: float | None = None
+    drafted: bool = False  # a step has drafted for it (its first, which runs the draft model over the prompt, did)
 
     @property
     def own_k(self) -> int:
@@ -236,7 +237,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._draft_ms_per_k = 0.0
+        self._draft_cost = DraftCost()
         # times of the last steps that carried no prefill chunk; the quickest is a stream's usual step (their mean,
         # raised by a few slow steps and by the prompt's own tokenising, sized chunks that held streams 6-8x)
         self._plain_steps: collections.deque[float] = collections.deque(maxlen=PLAIN_SAMPLES)
@@ -444,7 +445,7 @@ class Scheduler:
                 pooled = self._pooled.get(slot.drafter)
                 prior = pooled.estimate(self.policy, own_k) if pooled else None
                 rows.append(slot.stats.estimate(self.policy, own_k, prior))
-        return self.policy.choose_k(len(slots), rows, self._draft_ms_per_k)
+        return self.policy.choose_k(len(slots), rows, self._draft_cost.ms_per_k)
 
     def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
         cap = self.last_k_cap = self._choose_cap(slots)
@@ -488,10 +489,11 @@ class Scheduler:
                 slot.stats.observe(*evidence, memory=memory)
                 self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
                 if outcome.k > 0:
-                    drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
+                    if slot.drafted:
+                        drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
+                    slot.drafted = True
             self._deliver(slot, outcome)
-        if drafted_ms:
-            self._draft_ms_per_k = 0.8 * self._draft_ms_per_k + 0.2 * max(drafted_ms)
+        self._draft_cost.observe(drafted_ms, memory)
 
     def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:
         """A batched step raised before committing anything: step each row alone, fail the ones that raise."""

@@ -1,0 +1,69 @@
+"""The server's drafting cost per unit of K is measured online, and one slow sample must not switch speculation off
+for good: a request's first draft also runs a draft model over its prompt (the Qwen pair's 0.5B: 294 ms per
+drafted token once, ~10 after), and with that sample no later step drafted, so none could correct it."""
+import asyncio
+import time
+
+from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.drafting import Draft
+from specdecode.core.engine import Engine
+from specdecode.drafters import build_drafter
+from specdecode.drafters.common.base import BaseDrafter
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.policy import CostTable, DraftCost, RowEstimate, SpecPolicy
+from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduler import Job, Scheduler, SchedulerConfig, Ticket
+
+PROMPT = (5, 6, 7)
+FLAT = CostTable(batches=(1, 2), qs=(1, 9), ms=((10.0, 10.0), (10.0, 10.0)))  # 10 ms a pass at any width
+
+
+class Oracle(BaseDrafter):
+    """Drafts the target's own greedy answer; its first proposal takes `first_s` seconds."""
+
+    name = "oracle"
+
+    def __init__(self, answer: list[int], first_s: float):
+        self.answer, self.first_s = answer, first_s
+
+    def propose(self, seqs):
+        if self.first_s:
+            time.sleep(self.first_s)
+            self.first_s = 0.0
+        return [Draft.chain(self.answer[len(s.tokens) - len(PROMPT):][: s.k]) for s in seqs]
+
+
+def test_a_slow_first_draft_does_not_switch_speculation_off(tiny_target):
+    spec = SpecConfig(k=4)
+    plain = build_drafter(tiny_target, DrafterConfig(name="none"), spec)
+    greedy, length = SamplingConfig(), GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+    answer = Engine(tiny_target, plain, spec).generate(list(PROMPT), greedy, length).token_ids
+    router = RoutingDrafter({"oracle": Oracle(answer, first_s=0.4)}, "oracle")
+    scheduler = Scheduler(Engine(tiny_target, router, spec), router, SchedulerConfig(max_batch=1), ServerMetrics(),
+                          SpecPolicy(FLAT, max_k=4))
+    loop = asyncio.new_event_loop()
+    try:
+        scheduler.submit(Ticket(Job(PROMPT, greedy, length, "oracle"), loop))
+        caps = []
+        while scheduler._pending or scheduler._active:
+            scheduler._round()
+            caps.append(scheduler.last_k_cap)
+    finally:
+        loop.close()
+    # the first draft's 100 ms per token would price every later draft at 20 ms a token against 10 ms passes
+    assert len(caps) < len(answer) and all(cap > 0 for cap in caps[1:])
+
+
+def test_the_draft_cost_fades_while_nothing_drafts():
+    policy = SpecPolicy(FLAT, max_k=4)
+    rows = [RowEstimate(alpha=0.8, p_draft=1.0, max_k=4)]
+    cost = DraftCost()
+    cost.observe([100.0], memory=policy.memory)  # one slow step: 20 ms per token
+    assert policy.choose_k(1, rows, cost.ms_per_k) == 0
+    steps = 0
+    while policy.choose_k(1, rows, cost.ms_per_k) == 0:
+        cost.observe([], memory=policy.memory)
+        steps += 1
+    assert 5 <= steps <= 30  # tried again after a while, as the acceptance evidence is
+    cost.observe([1.0], memory=policy.memory)
+    assert policy.choose_k(1, rows, cost.ms_per_k) > 0
