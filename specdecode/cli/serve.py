@@ -40,8 +40,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                              f"that never can is answered 413 (default: {AUTO_KV_SHARE * 100:.0f}%% of the RAM, or "
                              "of the free GPU memory after loading)")
     parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
-                        help="per-step draft length: measured (built-in cost table, SmolLM2-135M on a 2-core CPU, "
-                             "int4 or fp32), calibrate (measure this model at startup), fixed (always --k)")
+                        help="per-step draft length: measured (the built-in cost table for SmolLM2-135M, int4 or "
+                             "fp32 on a 2-core CPU; any other model's verify passes timed at start-up, ~10 s), "
+                             "calibrate (time this model's on a finer grid at start-up and print them), fixed "
+                             "(always --k)")
 
 
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,

@@ -93,6 +93,19 @@ SMOLLM2_CPU_INT4 = CostTable(
 )
 
 
+# the model both built-in tables were measured on, SmolLM2-135M: (hidden size, layers, vocabulary size)
+BUILTIN_MODEL = (576, 30, 49152)
+
+
+def builtin_fits(config) -> bool:
+    """Whether the built-in tables describe the model with this (text) config. Their milliseconds are set against
+    draft passes timed online on the loaded model, so for any other model they would misprice drafting: the Qwen
+    pair's 0.5B draft passes (~10 ms) against SmolLM2's 6 ms verify passes made the server decode plainly at every
+    batch size, one client included (tau 1.00; the pair's own passes cost 31 ms)."""
+    names = ("hidden_size", "num_hidden_layers", "vocab_size")
+    return tuple(getattr(config, name, None) for name in names) == BUILTIN_MODEL
+
+
 def builtin_table(packed: bool) -> CostTable:
     """The built-in table for `--k-policy measured`: the int4 one for a target that decodes through packed
     layers, else the fp32 one (both SmolLM2-135M on the 2-core CPU; other models: `--k-policy calibrate`)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -18,9 +19,12 @@ from specdecode.errors import ConfigError, OptionError
 from specdecode.loading.load import check_kv_half, load_model
 from specdecode.server.app import ServerConfig, Service
 from specdecode.server.app import build_service as assemble
-from specdecode.server.policy import SpecPolicy, builtin_table, calibrate
+from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
 
 K_POLICIES = ("measured", "calibrate", "fixed")
+# --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
+# 1.5B over batches 1-8: ~10 s at start-up, against ~30 s for calibrate's full grid)
+QUICK_QS, QUICK_ROUNDS = (1, 2, 3, 5, 9), 3
 AUTO_KV_SHARE = 0.4  # kv_cache_bytes' default: this share of the machine's RAM (or free GPU memory)
 
 
@@ -30,9 +34,10 @@ class ServeConfig:
 
     drafter: the default drafter (its name, `auto` allowed, and the options every built drafter reads);
     allowed: further drafters a request may choose ({"speculation": {"drafter": NAME}}; the default and `none`
-    always can); k_policy: how each step's draft length is chosen (measured: the built-in cost table, calibrate:
-    this model's, measured at start-up, fixed: spec.k); served_name: the `model` clients send (None: the model's
-    own name); kv_cache_bytes: KV memory requests may reserve (None: AUTO_KV_SHARE of the RAM, or of the free
+    always can); k_policy: how each step's draft length is chosen (measured: the built-in cost table where it
+    describes this model, else this model's timed at start-up on a coarse grid; calibrate: this model's, timed
+    at start-up on the full grid and printed; fixed: spec.k); served_name: the `model` clients send (None: the
+    model's own name); kv_cache_bytes: KV memory requests may reserve (None: AUTO_KV_SHARE of the RAM, or of the free
     GPU memory after loading); api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`; allowed_hosts:
     the Host headers answered (None: any; ServerConfig.allowed_hosts)."""
 
@@ -118,13 +123,21 @@ def _policy(config: ServeConfig, target: Target) -> SpecPolicy | None:
     """The per-step draft length policy `k_policy` names (None: fixed, spec.k every step)."""
     spec = config.spec
     max_k = spec.max_k if spec.adaptive else spec.k
-    if config.k_policy == "measured":
+    if config.k_policy == "fixed":
+        return None
+    if config.k_policy == "measured" and builtin_fits(target.config):
         return SpecPolicy(builtin_table(target.packed_decoder), max_k=max_k, ragged=target.packed_decoder)
+    batches = _powers(config.max_batch)
     if config.k_policy == "calibrate":
-        table = calibrate(target, batches=_powers(config.max_batch))
+        table = calibrate(target, batches=batches)
         print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
-        return SpecPolicy(table, max_k=max_k, ragged=target.packed_decoder)
-    return None
+    else:  # measured, for a model the built-in tables do not describe: time its own passes, on a coarser grid
+        began = time.perf_counter()
+        table = calibrate(target, batches=batches, qs=QUICK_QS, repeats=QUICK_ROUNDS)
+        print(f"--k-policy measured: no built-in verify-pass costs for this model, so they were timed at start-up "
+              f"({time.perf_counter() - began:.1f} s; --k-policy calibrate times more and prints them)",
+              file=sys.stderr)
+    return SpecPolicy(table, max_k=max_k, ragged=target.packed_decoder)
 
 
 def _powers(limit: int) -> tuple[int, ...]:

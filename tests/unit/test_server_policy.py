@@ -1,6 +1,8 @@
 """The per-step speculation-length policy: table interpolation, and K chosen from cost vs expected tokens."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from specdecode.server.policy import (
@@ -10,8 +12,10 @@ from specdecode.server.policy import (
     CostTable,
     RowEstimate,
     SpecPolicy,
+    builtin_fits,
     builtin_table,
 )
+from specdecode.server.service import QUICK_QS, ServeConfig, _policy
 
 # A CPU-like table: at batch 1 extra tokens are cheap; at batch 16 the pass grows ~linearly with tokens.
 TABLE = CostTable(batches=(1, 16), qs=(1, 5), ms=((100.0, 140.0), (400.0, 1600.0)))
@@ -121,3 +125,30 @@ def test_draft_length_applies_the_batch_cap_except_to_seeded_rows():
     assert DraftLength(4, True, seeded=True).k(policy_k, cap=2) == 4
     assert DraftLength(4, False).k(policy_k, cap=2) == 0
     assert DraftLength(None, True).own(policy_k) == 6
+
+
+SMOLLM2 = SimpleNamespace(hidden_size=576, num_hidden_layers=30, vocab_size=49152)
+QWEN_1_5B = SimpleNamespace(hidden_size=1536, num_hidden_layers=28, vocab_size=151936)
+
+
+def test_the_builtin_tables_describe_smollm2_only(tiny_target):
+    assert builtin_fits(SMOLLM2)
+    assert not builtin_fits(QWEN_1_5B) and not builtin_fits(tiny_target.config)
+    assert not builtin_fits(SimpleNamespace())  # a config without these fields
+
+
+def test_measured_uses_the_builtin_table_for_its_model():
+    target = SimpleNamespace(config=SMOLLM2, packed_decoder=True)
+    policy = _policy(ServeConfig(k_policy="measured"), target)
+    assert policy.table is builtin_table(True) and policy.ragged
+
+
+def test_measured_times_any_other_models_passes(tiny_target, capsys):
+    """SmolLM2's milliseconds priced the Qwen pair's drafting (timed online, in its own milliseconds) as a loss at
+    every batch size, so the server never drafted for it: another model gets its own costs."""
+    policy = _policy(ServeConfig(k_policy="measured", max_batch=2), tiny_target)
+    assert policy.table not in (SMOLLM2_CPU_INT4, SMOLLM2_CPU_FP32)
+    assert (policy.table.batches, policy.table.qs) == ((1, 2), QUICK_QS)
+    assert all(ms >= 0 for row in policy.table.ms for ms in row)
+    assert "timed at start-up" in capsys.readouterr().err
+    assert _policy(ServeConfig(k_policy="fixed"), tiny_target) is None
