@@ -18,14 +18,15 @@ plain decoding. A row's estimates are shrunk towards its drafter's pooled estima
 shrunk towards fixed constants. All evidence decays every step (`memory`, `pooled_memory`), so when
 speculation has been switched off the estimates drift back towards the prior and it is tried again later
 instead of staying off forever. The draft cost per unit of K is measured online by the scheduler (DraftCost: it matters
-for model drafters, ~0 for prompt lookup) and fades like the acceptance evidence while nothing drafts.
+for model drafters, ~0 for prompt lookup), in steps whose drafters were not catching up.
 """
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdecode.core.pass_costs import time_passes
 from specdecode.core.target import Target
@@ -112,6 +113,9 @@ def builtin_table(packed: bool) -> CostTable:
     return SMOLLM2_CPU_INT4 if packed else SMOLLM2_CPU_FP32
 
 
+DRAFT_SAMPLES = 8  # steps behind DraftCost's least
+
+
 @dataclass(frozen=True)
 class RowEstimate:
     """What the policy knows about one speculating row."""
@@ -194,20 +198,28 @@ class AcceptanceStats:
 
 @dataclass
 class DraftCost:
-    """The batch's drafting time per unit of K (ms), measured online: an exponential average over the steps that
-    drafted, which fades like the acceptance evidence on steps that drafted nothing, so that one slow sample
-    cannot switch speculation off for good (it was: a request's first draft, which also runs the draft model over
-    its prompt, priced the Qwen pair's 0.5B at 294 ms per token, and no later step drafted to correct it). The
-    scheduler does not sample a request's first drafting step."""
+    """The batch's drafting time per unit of K (ms) by batch size, measured online: the least of the last
+    DRAFT_SAMPLES steps of that size in which every drafting row had drafted in its previous step too. A row's
+    first draft runs the draft model over its prompt, and its first after plain steps over what they committed:
+    with the Qwen pair's 0.5B such steps took 300-470 ms at one to four clients against ~10-16 ms per token
+    steady, and as the cost of every later step one of them switched speculation off for good. Slower samples
+    are the machine's noise or such catch-ups, never a cheaper draft, so the least is the cost. By batch size:
+    one draft pass over four rows costs more than over one."""
 
-    ms_per_k: float = 0.0
+    samples: dict[int, collections.deque[float]] = field(default_factory=dict)
 
-    def observe(self, samples: Sequence[float], memory: float) -> None:
-        """samples: this step's drafting ms per unit of K (one per sampled row; none: nothing was drafted)."""
-        if samples:
-            self.ms_per_k = 0.8 * self.ms_per_k + 0.2 * max(samples)
-        else:
-            self.ms_per_k *= memory
+    def ms_per_k(self, batch: int) -> float:
+        """The least at this batch size; at a size not measured yet, the nearest measured one's scaled by the rows
+        (a draft pass over b rows costs at most b one-row passes: the 0.5B's cost 6 / 21 / 31 / 42 ms per token
+        at 1 / 2 / 3 / 4 rows), so that a size is not tried where its rows alone price drafting out; 0.0 before
+        any (drafting is tried)."""
+        if not self.samples:
+            return 0.0
+        measured = min(self.samples, key=lambda size: (abs(size - batch), size))
+        return min(self.samples[measured]) * batch / measured
+
+    def observe(self, batch: int, ms_per_k: float) -> None:
+        self.samples.setdefault(batch, collections.deque(maxlen=DRAFT_SAMPLES)).append(ms_per_k)
 
 
 def calibrate(target: Target, batches: Sequence[int] = (1, 2, 4, 8, 16),

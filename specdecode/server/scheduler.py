@@ -215,7 +215,7 @@ class _Slot:
     length: DraftLength
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     first_token_at: float | None = None
-    drafted: bool = False  # a step has drafted for it (its first, which runs the draft model over the prompt, did)
+    drafted: bool = False  # its last step drafted (a step after none catches a draft model up: DraftCost)
 
     @property
     def own_k(self) -> int:
@@ -445,7 +445,7 @@ class Scheduler:
                 pooled = self._pooled.get(slot.drafter)
                 prior = pooled.estimate(self.policy, own_k) if pooled else None
                 rows.append(slot.stats.estimate(self.policy, own_k, prior))
-        return self.policy.choose_k(len(slots), rows, self._draft_cost.ms_per_k)
+        return self.policy.choose_k(len(slots), rows, self._draft_cost.ms_per_k(len(slots)))
 
     def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
         cap = self.last_k_cap = self._choose_cap(slots)
@@ -477,7 +477,7 @@ class Scheduler:
         self.metrics.batch_size.observe(len(slots))
         self.metrics.target_passes.inc(passes)
         self.metrics.sequence_passes.inc(len(results))
-        drafted_ms = []
+        drafted_ms, steady = [], True
         if self.policy is not None:
             for pooled in self._pooled.values():
                 pooled.decay(self.policy.pooled_memory)
@@ -489,11 +489,12 @@ class Scheduler:
                 slot.stats.observe(*evidence, memory=memory)
                 self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
                 if outcome.k > 0:
-                    if slot.drafted:
-                        drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
-                    slot.drafted = True
+                    drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
+                    steady = steady and slot.drafted
+                slot.drafted = outcome.k > 0
             self._deliver(slot, outcome)
-        self._draft_cost.observe(drafted_ms, memory)
+        if drafted_ms and steady:  # no drafter caught up on a prompt or on plain steps (DraftCost)
+            self._draft_cost.observe(len(results), max(drafted_ms))
 
     def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:
         """A batched step raised before committing anything: step each row alone, fail the ones that raise."""
