@@ -15,10 +15,13 @@ its pass costs cost(b, 1 + sum_i p_i * min(K, K_i) / b), the table at the mean t
 where a_i is row i's per-token acceptance probability (accepted / tried draft tokens) and p_i the fraction of
 its steps whose drafter proposed anything (prompt lookup often finds nothing, and then costs nothing). K = 0 is
 plain decoding. A row's estimates are shrunk towards its drafter's pooled estimate over recent rows, which is
-shrunk towards fixed constants. All evidence decays every step (`memory`, `pooled_memory`), so when
-speculation has been switched off the estimates drift back towards the prior and it is tried again later
-instead of staying off forever. The draft cost per unit of K is measured online by the scheduler (DraftCost: it matters
-for model drafters, ~0 for prompt lookup), in steps whose drafters were not catching up.
+shrunk towards the drafter's long-run record, which is shrunk towards fixed constants. All evidence decays every
+step (`memory`, `pooled_memory`, `record_memory`), so when speculation has been switched off the estimates drift
+back towards the prior and it is tried again later instead of staying off forever; the record keeps that prior
+the drafter's own for ~1,000 steps rather than the constants' (the Qwen pair's 0.9 and more, against 0.6, at
+which its drafting is priced out and was never tried again). The draft cost per unit of K is measured online by
+the scheduler (DraftCost: it matters for model drafters, ~0 for prompt lookup), in steps whose drafters were not
+catching up.
 """
 from __future__ import annotations
 
@@ -135,6 +138,7 @@ class SpecPolicy:
     prior_weight: float = 4.0  # pseudo-trials behind prior_alpha
     memory: float = 0.9  # per-step decay of a row's evidence (about the last 10 steps count)
     pooled_memory: float = 0.98  # per-step decay of a drafter's evidence pooled over its rows
+    record_memory: float = 0.999  # ... and of its long-run record, the pooled estimate's prior
     min_gain: float = 1.02  # a longer K must beat the best so far by this factor (table noise must not flip K)
     ragged: bool = False  # the target computes no padding (the native decoder): see choose_k
 

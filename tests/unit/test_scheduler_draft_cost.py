@@ -64,3 +64,36 @@ def test_one_slow_step_does_not_move_the_draft_cost():
     assert cost.ms_per_k(2) == 18.0 and cost.ms_per_k(8) == 80.0  # the nearest measured size's, by the rows
     policy, rows = SpecPolicy(FLAT, max_k=4), [RowEstimate(alpha=0.8, p_draft=1.0, max_k=4)]
     assert policy.choose_k(1, rows, cost.ms_per_k(1) / 10) > 0 and policy.choose_k(1, rows, cost.ms_per_k(4)) == 0
+
+
+def test_a_drafter_keeps_its_own_acceptance_as_the_prior_while_nothing_drafts(tiny_target):
+    """After a stretch with nothing drafted, a new request starts from its drafter's long-run record rather than the
+    constants (0.6): here drafting pays only above 0.63 (K = 1: 1 + a tokens for 16 ms against 1 for 10 ms)."""
+    spec = SpecConfig(k=4)
+    plain = build_drafter(tiny_target, DrafterConfig(name="none"), spec)
+    greedy = SamplingConfig()
+    length = GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+    answer = Engine(tiny_target, plain, spec).generate(list(PROMPT), greedy, length).token_ids
+    router = RoutingDrafter({"oracle": Oracle(answer, first_s=0.0), "none": plain}, "oracle")
+    wide = CostTable(batches=(1, 2), qs=(1, 9), ms=((10.0, 58.0), (10.0, 58.0)))  # 10 ms + 6 per drafted token
+    scheduler = Scheduler(Engine(tiny_target, router, spec), router, SchedulerConfig(max_batch=1), ServerMetrics(),
+                          SpecPolicy(FLAT, max_k=4))
+    loop = asyncio.new_event_loop()
+
+    def run(drafter: str, tokens: int) -> list[int]:
+        scheduler.submit(Ticket(Job(PROMPT, greedy, GenerationConfig(max_new_tokens=tokens, stop_on_eos=False),
+                                    drafter), loop))
+        caps = []
+        while scheduler._pending or scheduler._active:
+            scheduler._round()
+            caps.append(scheduler.last_k_cap)
+        return caps
+
+    try:
+        assert any(run("oracle", 30))  # accepted throughout: the drafter's record
+        scheduler.policy = SpecPolicy(wide, max_k=4)  # from here drafting pays at the record, not at 0.6
+        assert run("oracle", 30)[1] > 0
+        run("none", 300)  # 300 steps that draft nothing: the pooled evidence fades
+        assert run("oracle", 30)[1] > 0  # a new request drafts from its first decoding step
+    finally:
+        loop.close()
