@@ -112,7 +112,8 @@ def builtin_fits(config) -> bool:
 
 def builtin_table(packed: bool) -> CostTable:
     """The built-in table for `--k-policy measured`: the int4 one for a target that decodes through packed
-    layers, else the fp32 one (both SmolLM2-135M on the 2-core CPU; other models: `--k-policy calibrate`)."""
+    layers, else the fp32 one (both SmolLM2-135M on the 2-core CPU; any other model's costs are timed at
+    start-up: builtin_fits)."""
     return SMOLLM2_CPU_INT4 if packed else SMOLLM2_CPU_FP32
 
 
@@ -205,8 +206,9 @@ class DraftCost:
     """The batch's drafting time per unit of K (ms) by batch size, measured online: the least of the last
     DRAFT_SAMPLES steps of that size in which every drafting row had drafted in its previous step too. A row's
     first draft runs the draft model over its prompt, and its first after plain steps over what they committed:
-    with the Qwen pair's 0.5B such steps took 300-470 ms at one to four clients against ~10-16 ms per token
-    steady, and as the cost of every later step one of them switched speculation off for good. Slower samples
+    with the Qwen pair's 0.5B such steps took 300-470 ms at one to four rows against 6 / 21 / 31 / 42 ms per
+    drafted token steady at 1 / 2 / 3 / 4 rows, and as the cost of every later step one of them switched
+    speculation off for good. Slower samples
     are the machine's noise or such catch-ups, never a cheaper draft, so the least is the cost. By batch size:
     one draft pass over four rows costs more than over one."""
 

@@ -23,7 +23,7 @@ from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, ca
 
 K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
-# 1.5B over batches 1-8: ~10 s at start-up, against ~30 s for calibrate's full grid)
+# 1.5B on a 2-core CPU: 11-12 s at start-up over batches 1-4, 22-25 s over batches 1-8)
 QUICK_QS, QUICK_ROUNDS = (1, 2, 3, 5, 9), 3
 AUTO_KV_SHARE = 0.4  # kv_cache_bytes' default: this share of the machine's RAM (or free GPU memory)
 
