@@ -25,6 +25,7 @@ K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
 # 1.5B on a 2-core CPU: 11-12 s at start-up over batches 1-4, 22-25 s over batches 1-8)
 QUICK_QS, QUICK_ROUNDS = (1, 2, 3, 5, 9), 3
+SAY_AFTER_S = 2.0  # ... said on stderr when it took this long (a tiny model's 0.2 s is not worth a line)
 AUTO_KV_SHARE = 0.4  # kv_cache_bytes' default: this share of the machine's RAM (or free GPU memory)
 
 
@@ -134,9 +135,9 @@ def _policy(config: ServeConfig, target: Target) -> SpecPolicy | None:
     else:  # measured, for a model the built-in tables do not describe: time its own passes, on a coarser grid
         began = time.perf_counter()
         table = calibrate(target, batches=batches, qs=QUICK_QS, repeats=QUICK_ROUNDS)
-        print(f"--k-policy measured: no built-in verify-pass costs for this model, so they were timed at start-up "
-              f"({time.perf_counter() - began:.1f} s; --k-policy calibrate times more and prints them)",
-              file=sys.stderr)
+        if (seconds := time.perf_counter() - began) >= SAY_AFTER_S:  # a wait the user notices says why
+            print(f"--k-policy measured: no built-in verify-pass costs for this model, so they were timed at "
+                  f"start-up ({seconds:.1f} s; --k-policy calibrate times more and prints them)", file=sys.stderr)
     return SpecPolicy(table, max_k=max_k, ragged=target.packed_decoder)
 
 

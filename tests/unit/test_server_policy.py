@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from specdecode.server import service
 from specdecode.server.policy import (
     SMOLLM2_CPU_FP32,
     SMOLLM2_CPU_INT4,
@@ -143,9 +144,10 @@ def test_measured_uses_the_builtin_table_for_its_model():
     assert policy.table is builtin_table(True) and policy.ragged
 
 
-def test_measured_times_any_other_models_passes(tiny_target, capsys):
+def test_measured_times_any_other_models_passes(tiny_target, capsys, monkeypatch):
     """SmolLM2's milliseconds priced the Qwen pair's drafting (timed online, in its own milliseconds) as a loss at
     every batch size, so the server never drafted for it: another model gets its own costs."""
+    monkeypatch.setattr(service, "SAY_AFTER_S", 0.0)  # a tiny model's timing is quicker than a line is worth
     policy = _policy(ServeConfig(k_policy="measured", max_batch=2), tiny_target)
     assert policy.table not in (SMOLLM2_CPU_INT4, SMOLLM2_CPU_FP32)
     assert (policy.table.batches, policy.table.qs) == ((1, 2), QUICK_QS)
