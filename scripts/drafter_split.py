@@ -13,12 +13,11 @@ import time
 from collections import Counter, defaultdict
 
 from specdecode.api import SpecDecoder
+from specdecode.bench.methods import forgetting
 from specdecode.bench.prompts import load_prompts, select
-from specdecode.bench.runner import encode_conversation
+from specdecode.bench.runner import PHASES, encode_conversation
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.drafters import get_spec
-
-FIELDS = ("prefill_s", "draft_s", "verify_s")
 
 
 def main() -> None:
@@ -41,9 +40,7 @@ def main() -> None:
     warm = encode_conversation(tokenizer, [{"role": "user", "content": questions[0].turns[0]}])
     for decoder in decoders.values():  # warm-up, then forget what it left (as bench does)
         decoder.engine.generate(warm, greedy, GenerationConfig(max_new_tokens=16))
-        decoder.engine.forget_prefixes()
-        if hasattr(decoder.engine.drafter, "clear"):
-            decoder.engine.drafter.clear()
+        forgetting(decoder.engine)()
     sums: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (category or "overall", method) -> sums
     same, turns = Counter(), 0
     for question in questions:
@@ -60,7 +57,7 @@ def main() -> None:
                 m = result.metrics
                 for key in ((question.category, name), ("overall", name)):
                     sums[key].update(wall=wall, tokens=m.new_tokens, passes=m.target_passes,
-                                     **{f: getattr(m, f) for f in FIELDS})
+                                     **{f: getattr(m, f) for f in PHASES})
                 outputs[name] = result.token_ids
             same.update(name for name in names if outputs[name] == outputs[names[0]])
             history.append({"role": "assistant", "content": tokenizer.decode(outputs[names[0]],

@@ -222,7 +222,7 @@ def build_methods(bench: BenchModel, names: list[str], options: PeerOptions, exp
             store = suffix_of(engine.drafter)
             if store is not None:  # one store over the whole run, in question order
                 params["suffix_store"] = store.config.store_tokens
-            methods.append(Method(name, "specdecode", _engine_runner(engine), params, _forgetting(engine)))
+            methods.append(Method(name, "specdecode", _engine_runner(engine), params, forgetting(engine)))
     return methods
 
 
@@ -366,7 +366,7 @@ def _hf_runner(model: torch.nn.Module, eos: list[int], pad_id: int, extra: dict,
     return run
 
 
-def _forgetting(engine: Engine) -> Callable[[], None]:
+def forgetting(engine: Engine) -> Callable[[], None]:
     """What a method forgets after the warm-up, which answered the first question: the KV its rows kept
     (Engine.prefix_reuse) and what the suffix and hybrid drafters learned from earlier requests."""
     def forget() -> None:
