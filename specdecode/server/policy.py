@@ -202,6 +202,26 @@ class AcceptanceStats:
 
 
 @dataclass
+class DrafterEvidence:
+    """A drafter's evidence over all its rows: recent (decaying by pooled_memory) and its long-run record (by
+    record_memory); a row's estimate is shrunk towards `prior`, the recent evidence shrunk towards the record."""
+
+    recent: AcceptanceStats = field(default_factory=AcceptanceStats)
+    record: AcceptanceStats = field(default_factory=AcceptanceStats)
+
+    def decay(self, policy: SpecPolicy) -> None:
+        self.recent.decay(policy.pooled_memory)
+        self.record.decay(policy.record_memory)
+
+    def observe(self, allowed_k: int, depth: int, accepted: int) -> None:
+        self.recent.observe(allowed_k, depth, accepted)
+        self.record.observe(allowed_k, depth, accepted)
+
+    def prior(self, policy: SpecPolicy, max_k: int) -> RowEstimate:
+        return self.recent.estimate(policy, max_k, self.record.estimate(policy, max_k))
+
+
+@dataclass
 class DraftCost:
     """The batch's drafting time per unit of K (ms) by batch size, measured online: the least of the last
     DRAFT_SAMPLES steps of that size in which every drafting row had drafted in its previous step too. A row's

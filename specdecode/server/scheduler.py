@@ -58,7 +58,7 @@ from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
 from specdecode.server.chunk_sizer import MIN_CLIMB, ChunkSizer
 from specdecode.server.metrics import ServerMetrics
-from specdecode.server.policy import AcceptanceStats, DraftCost, SpecPolicy
+from specdecode.server.policy import AcceptanceStats, DraftCost, DrafterEvidence, SpecPolicy
 from specdecode.server.router import RoutingDrafter
 
 NO_SPECULATION = "none"
@@ -246,8 +246,7 @@ class Scheduler:
                                  own_pass=not engine.target.rides(MIN_CLIMB, 1))
         self._credit = 0.0  # seconds of prefill that decoding time has paid for; a chunk rides when it is >= 0
         self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
-        self._pooled: dict[str, AcceptanceStats] = {}  # per drafter, over all its rows (decaying)
-        self._record: dict[str, AcceptanceStats] = {}  # the same, decaying slowly: the pooled estimate's prior
+        self._drafters: dict[str, DrafterEvidence] = {}  # per drafter, over all its rows
         self.last_k_cap = 0
         metrics.watch(lambda: len(self._pending), lambda: len(self._active))
 
@@ -443,9 +442,8 @@ class Scheduler:
         rows = []
         for slot in slots:
             if (own_k := slot.own_k) > 0:
-                record, pooled = self._record.get(slot.drafter), self._pooled.get(slot.drafter)
-                prior = record.estimate(self.policy, own_k) if record else None
-                prior = pooled.estimate(self.policy, own_k, prior) if pooled else prior
+                evidence = self._drafters.get(slot.drafter)
+                prior = evidence.prior(self.policy, own_k) if evidence else None
                 rows.append(slot.stats.estimate(self.policy, own_k, prior))
         return self.policy.choose_k(len(slots), rows, self._draft_cost.ms_per_k(len(slots)))
 
@@ -481,18 +479,15 @@ class Scheduler:
         self.metrics.sequence_passes.inc(len(results))
         drafted_ms, steady = [], True
         if self.policy is not None:
-            for pooled in self._pooled.values():
-                pooled.decay(self.policy.pooled_memory)
-            for record in self._record.values():
-                record.decay(self.policy.record_memory)
+            for drafter in self._drafters.values():
+                drafter.decay(self.policy)
         memory = self.policy.memory if self.policy else 1.0
         for slot, outcome in results:
             if outcome.error is None:
                 self.metrics.observe_draft(outcome.depth, outcome.accepted)
                 evidence = (outcome.k, outcome.depth, outcome.accepted)
                 slot.stats.observe(*evidence, memory=memory)
-                self._pooled.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
-                self._record.setdefault(slot.drafter, AcceptanceStats()).observe(*evidence)
+                self._drafters.setdefault(slot.drafter, DrafterEvidence()).observe(*evidence)
                 if outcome.k > 0:
                     drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
                     steady = steady and slot.drafted
