@@ -26,8 +26,8 @@ from specdecode.core.drafting import Draft, SequenceContext, common_prefix
 from specdecode.core.pass_costs import ChainCostEstimate, measure_chain_costs
 from specdecode.core.target import Target
 from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
-from specdecode.drafters.common.model_step import choose, feed_chain
-from specdecode.drafters.common.row_budget import ChainBudget
+from specdecode.drafters.common.model_step import choose, feed_rows
+from specdecode.drafters.common.row_budget import ChainBudget, ChainWalk
 from specdecode.drafters.common.shortlist import ShortlistHead, shortlist_size
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdecode.errors import ConfigError, OptionError
@@ -74,54 +74,103 @@ class DraftModel(RowStateDrafter):
         self._held.clear()
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
-        return [self.draft_after(seq) for seq in seqs]
+        return self.draft_rows(seqs)
 
-    def _forward(self, state: _State, new: list[int]) -> torch.Tensor:
-        """Feed `new` after state.cached; returns logits [draft_vocab] after the last of them."""
+    def _forward(self, states: Sequence[_State], new: Sequence[list[int]]) -> torch.Tensor:
+        """Feed new[i] after states[i].cached, all rows in one pass; returns logits [rows, draft_vocab] after each
+        row's last token."""
         if self.shortlist is not None:
-            self.shortlist.add(new)
-        return feed_chain(self.draft, self.cache, state.row, self._pool.rows, state.cached, new)
+            for ids in new:
+                self.shortlist.add(ids)
+        return feed_rows(self.draft, self.cache, [state.row for state in states], self._pool.rows,
+                         [state.cached for state in states], list(new))
 
     def draft_after(self, seq: SequenceContext, seed: Sequence[int] = (), reaches: Sequence[float] = ()) -> Draft:
-        """A chain of at most seq.k tokens: `seed` first (fewer than seq.k tokens another drafter proposed, each
-        with its estimated chance of being accepted, cumulative: `reaches`), then the draft model's own, drawn
-        after it. The seed rides in the pass that catches the draft up on the committed tokens, so it costs no
-        draft pass; its q rows are one-hot (chosen, not drawn), the model's are its own distribution."""
-        if seq.k <= 0:
-            return Draft()
-        if len(seed) >= seq.k or len(seed) != len(reaches):
-            raise ValueError(f"a seed of {len(seed)} tokens ({len(reaches)} reaches) for a draft of {seq.k}")
-        state: _State = seq.state
-        keep = 0
-        limit = min(len(state.cached), len(seq.tokens) - 1)
-        while keep < limit and state.cached[keep] == seq.tokens[keep]:
-            keep += 1
-        del state.cached[keep:]
-        logits = self._forward(state, [*seq.tokens[keep:], *seed])
-        tokens: list[int] = list(seed)
-        qs: list[torch.Tensor] = []
-        walk = self.budget.walk(seq.sampling.seeded) if self.budget is not None else None
-        if walk is not None:
-            walk.seed(reaches)
-        while True:
-            token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab,
-                                   bool(self.confidence) or walk is not None)
-            if (self.confidence and top < self.confidence) or (walk is not None and not walk.keep(top)):
-                break
-            tokens.append(token)
-            if q is not None:
-                qs.append(q)
-            if len(tokens) == seq.k or (walk is not None and not walk.go_on(top)):
+        """One sequence's chain led by a seed (draft_rows)."""
+        return self.draft_rows([seq], [seed], [reaches])[0]
+
+    def draft_rows(self, seqs: Sequence[SequenceContext], seeds: Sequence[Sequence[int]] | None = None,
+                   reaches: Sequence[Sequence[float]] | None = None) -> list[Draft]:
+        """A chain of at most seq.k tokens for each sequence: its seed first (fewer than seq.k tokens another
+        drafter proposed, each with its estimated chance of being accepted, cumulative: its reaches), then the
+        draft model's own, drawn after it. The rows are drafted in lockstep, one pass over every row still
+        drafting per token (a pass over four rows of the Qwen 0.5B costs 1.7 one-row passes: model_step.feed_rows),
+        each row ending where its own budget or k says. The seed rides in the pass that catches the draft up on
+        the committed tokens, so it costs no draft pass; its q rows are one-hot (chosen, not drawn), the model's
+        are its own distribution, each row drawn from its own generator in its own order."""
+        seeds = seeds if seeds is not None else [()] * len(seqs)
+        reaches = reaches if reaches is not None else [()] * len(seqs)
+        drafts = [Draft()] * len(seqs)
+        chains = []
+        for index, (seq, seed, reach) in enumerate(zip(seqs, seeds, reaches, strict=True)):
+            if seq.k <= 0:
+                continue
+            if len(seed) >= seq.k or len(seed) != len(reach):
+                raise ValueError(f"a seed of {len(seed)} tokens ({len(reach)} reaches) for a draft of {seq.k}")
+            walk = self.budget.walk(seq.sampling.seeded) if self.budget is not None else None
+            if walk is not None:
+                walk.seed(reach)
+            chains.append(_Chain(index, seq, len(seed), list(seed), walk))
+        if not chains:
+            return drafts
+        logits = self._forward([chain.seq.state for chain in chains], [self._catch_up(chain) for chain in chains])
+        live = chains
+        while live:
+            going = [chain for chain, row in zip(live, logits) if self._next(chain, row)]
+            if not going:
                 break
             began = time.perf_counter()
-            logits = self._forward(state, [token])
-            if walk is not None:  # what a draft pass costs now (pass_costs.ChainCostEstimate)
-                self.budget.observe_draft(time.perf_counter() - began)
-        q = torch.stack(qs) if qs else None  # [drawn, vocab]; None: every token chosen (greedy), one-hot q
-        if q is not None and seed:
-            chosen = torch.nn.functional.one_hot(torch.tensor(list(seed)), q.shape[-1]).to(q)  # [len(seed), vocab]
-            q = torch.cat([chosen, q])
-        return Draft.chain(tokens, q)
+            logits = self._forward([chain.seq.state for chain in going], [[chain.tokens[-1]] for chain in going])
+            if any(chain.walk is not None for chain in going):  # a row's share of the pass (ChainCostEstimate)
+                self.budget.observe_draft((time.perf_counter() - began) / len(going))
+            live = going
+        for chain in chains:
+            drafts[chain.index] = chain.draft()
+        return drafts
+
+    @staticmethod
+    def _catch_up(chain: _Chain) -> list[int]:
+        """Drop what the row cached past the committed tokens' common prefix; -> what it must be fed: the
+        committed tokens it lacks, then the seed."""
+        state: _State = chain.seq.state
+        tokens = chain.seq.tokens
+        keep, limit = 0, min(len(state.cached), len(tokens) - 1)
+        while keep < limit and state.cached[keep] == tokens[keep]:
+            keep += 1
+        del state.cached[keep:]
+        return [*tokens[keep:], *chain.tokens]
+
+    def _next(self, chain: _Chain, logits: torch.Tensor) -> bool:
+        """Draw the row's next token from logits [draft_vocab] and keep it if it pays; -> whether the row drafts
+        one more (it is fed in the next pass)."""
+        seq, walk = chain.seq, chain.walk
+        confident = bool(self.confidence) or walk is not None
+        token, q, top = choose(logits, seq.sampling, seq.generator, self.vocab, confident)
+        if (self.confidence and top < self.confidence) or (walk is not None and not walk.keep(top)):
+            return False
+        chain.tokens.append(token)
+        if q is not None:
+            chain.qs.append(q)
+        return len(chain.tokens) < seq.k and (walk is None or walk.go_on(top))
+
+
+@dataclass
+class _Chain:
+    """One row's draft in flight (DraftModel.draft_rows)."""
+
+    index: int  # the sequence's place in the call
+    seq: SequenceContext
+    seeded: int  # the seed's tokens at the chain's head
+    tokens: list[int]
+    walk: ChainWalk | None
+    qs: list[torch.Tensor] = field(default_factory=list)  # [vocab] each, the model's drawn tokens' distributions
+
+    def draft(self) -> Draft:
+        q = torch.stack(self.qs) if self.qs else None  # [drawn, vocab]; None: every token chosen (greedy), one-hot q
+        if q is not None and self.seeded:
+            seed = torch.tensor(self.tokens[: self.seeded])
+            q = torch.cat([torch.nn.functional.one_hot(seed, q.shape[-1]).to(q), q])  # [len(tokens), vocab]
+        return Draft.chain(self.tokens, q)
 
 
 def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftModel:

@@ -76,8 +76,12 @@ class StandInModel(BaseDrafter):
         self.seeds.append(tuple(seed))
         return Draft.chain([*seed, *self.chain][: seq.k])
 
+    def draft_rows(self, seqs, seeds=None, reaches=None) -> list[Draft]:
+        seeds = seeds if seeds is not None else [()] * len(seqs)
+        return [self.draft_after(seq, seed) for seq, seed in zip(seqs, seeds)]
+
     def propose(self, seqs):
-        return [self.draft_after(seq) for seq in seqs]
+        return self.draft_rows(seqs)
 
 
 MODEL_CHAIN = [250, 251, 252, 253]
