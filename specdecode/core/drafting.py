@@ -41,6 +41,8 @@ class Draft:
     q:       [n, vocab] the distribution node i's token was drawn from (a function of its parent's path),
              or None when the drafter chose tokens deterministically: verification then treats q as one-hot.
     aux:     optional AuxBranch evaluated in the same pass, invisible to the draft (see AuxBranch).
+    free:    it cost no draft pass (an index lookup: suffix, prompt lookup, lookahead's pool); a server learns such
+             drafts' acceptance apart, for the steps where only they pay (server/policy.py, SpecPolicy.choose).
     An empty draft (n = 0) is a value: the target then decodes one token, i.e. plain decoding.
     """
 
@@ -48,6 +50,7 @@ class Draft:
     parents: tuple[int, ...] = ()
     q: torch.Tensor | None = None  # [n, vocab]
     aux: AuxBranch | None = None
+    free: bool = False
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -58,8 +61,8 @@ class Draft:
             raise ValueError("q must have one row per node")
 
     @staticmethod
-    def chain(tokens: Sequence[int], q: torch.Tensor | None = None) -> Draft:
-        return Draft(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)), q)
+    def chain(tokens: Sequence[int], q: torch.Tensor | None = None, free: bool = False) -> Draft:
+        return Draft(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)), q, free=free)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -88,6 +91,9 @@ class SequenceContext:
     hidden: torch.Tensor | None = None  # [n, hidden] target features of the tokens committed last step
     cache: Any = None  # the target's RollbackCache (row `row` is this sequence's), for self-drafting
     extra: dict = field(default_factory=dict)
+    # this step allows no draft passes (a server's K policy found a model's drafts do not pay at its batch size,
+    # while free ones do): a drafter with a free part (Capabilities.free_drafts) drafts with it alone
+    free_only: bool = False
 
     @property
     def cache_len(self) -> int:
@@ -105,6 +111,8 @@ class Capabilities:
     # decodes may measure it before the first step (the server's scheduler does), else the first step does
     hidden_layers: tuple[int, ...] = ()  # with needs_hidden: ctx.hidden holds what enters these target layers, side
     # by side (EAGLE-3's low, middle and high), instead of the last hidden state
+    free_drafts: bool = False  # drafts that cost no draft pass, all of them (suffix, prompt lookup) or when a step
+    # asks for them alone (hybrid: ctx.free_only); a server then lets it draft where a model's passes do not pay
 
     @staticmethod
     def union(parts: Sequence[Capabilities]) -> Capabilities:
@@ -115,7 +123,8 @@ class Capabilities:
             raise ValueError(f"these drafters read different target states ({sorted(kinds)}): serve one of them")
         return Capabilities(any(c.needs_hidden for c in parts),
                             tuple(sorted({layer for c in parts for layer in c.exit_layers})),
-                            any(c.prices_rows for c in parts), next(iter(kinds), ()))
+                            any(c.prices_rows for c in parts), next(iter(kinds), ()),
+                            all(c.free_drafts for c in parts))
 
 
 class Drafter(Protocol):

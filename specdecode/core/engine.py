@@ -372,7 +372,7 @@ class Engine:
             seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
                               seconds=clock.finished - clock.began if timed else None, committed=len(done.tokens))
         return StepOutcome(done.tokens, done.text, seq.ctx.k, draft.depth, len(verdict.accepted), draft_s, verify_s,
-                           seq.finish_reason, done.error, done.forced, done.logprobs, done.origins)
+                           seq.finish_reason, done.error, done.forced, done.logprobs, done.origins, mine.free)
 
     def _shape(self, seq: Sequence, draft: Draft) -> Shaped | None:
         """The draft fitted to the sequence's grammar (None without one): no deeper than the tokens it may add."""

@@ -77,6 +77,7 @@ class StepOutcome:
     forced: int = 0  # of the accepted draft tokens, those the grammar forced (structured outputs)
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token (GenerationConfig.logprobs), else None
     origins: tuple[Origin, ...] = ()  # one per token: where it came from
+    free: bool = False  # the drafter's draft cost no draft pass (Draft.free)
 
 
 @dataclass(frozen=True)

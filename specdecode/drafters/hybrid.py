@@ -86,7 +86,8 @@ class Hybrid(BaseDrafter):
         self.free, self.model = free, model
         self.config = config or HybridConfig()
         self.depth = depth
-        self.capabilities = Capabilities.union([free.capabilities, model.capabilities])
+        # free_drafts: a step that allows no draft pass (ctx.free_only) gets suffix's draft or none
+        self.capabilities = replace(Capabilities.union([free.capabilities, model.capabilities]), free_drafts=True)
         self.record = DepthYield((self.config.prior_rate,))  # over every unseeded sequence of this drafter
         self.free_drafts = self.model_drafts = self.seeded_drafts = 0  # steps that drafted each way
 
@@ -153,6 +154,9 @@ class Hybrid(BaseDrafter):
         plan, state.free = _as_part(seq, state.free, self.free.plan)
         if seq.k <= 0:
             return Draft()
+        if seq.free_only:  # the step allows no draft pass: suffix's draft, or none
+            self.free_drafts += len(plan.draft) > 0
+            return self._send(seq, plan)
         reach = _cumulative(state.record.rate(j) for j in range(1, seq.k + 1))
         choice = self.choose(plan, reach, self._costs(seq), seq.k)
         if choice.free:

@@ -160,7 +160,7 @@ class _State:
 
 class Lookahead(BaseDrafter):
     name = "lookahead"
-    capabilities = Capabilities(prices_rows=True)
+    capabilities = Capabilities(prices_rows=True, free_drafts=True)
 
     def __init__(self, config: LookaheadConfig | None = None, cost: RowCost | None = None):
         """cost: where the row cost comes from when config.row_cost is None (the target's, measured on first
@@ -210,9 +210,9 @@ class Lookahead(BaseDrafter):
         rows = c.window * (c.ngram - 1)
         state.window_ran = rows > 0 and (c.every_step or state.window.worth(rows, state.depths.row_cost, c.probe_every))
         if not state.window_ran:
-            return Draft(tokens, parents) if tokens else Draft()
+            return Draft(tokens, parents, free=True) if tokens else Draft()
         aux = AuxBranch(tuple(t for level in state.levels for t in level), state.aux_parents)
-        return Draft(tokens, parents, None, aux)
+        return Draft(tokens, parents, None, aux, free=True)
 
     def observe_aux(self, seq: SequenceContext, logits: torch.Tensor) -> None:
         # logits: [(N-1) * W, vocab]; the last level's argmax is the new level

@@ -32,7 +32,7 @@ class _State:
 
 class PromptLookup(BaseDrafter):
     name = "prompt-lookup"
-    capabilities = Capabilities(prices_rows=True)
+    capabilities = Capabilities(prices_rows=True, free_drafts=True)
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3, row_cost: float | RowCost = 0.0):
         self.min_n, self.max_n = min_ngram, max_ngram
@@ -57,7 +57,7 @@ class PromptLookup(BaseDrafter):
             match, found = state.index.match(seq.tokens, seq.k) if seq.k > 0 else (0, [])
             depth = state.depths.depth(match, len(found)) if found else 0
             state.match, state.drafted = match, depth
-            drafts.append(Draft.chain(found[:depth]))
+            drafts.append(Draft.chain(found[:depth], free=True))
         return drafts
 
     def observe(self, seq: SequenceContext, accepted: int) -> None:

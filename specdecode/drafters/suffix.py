@@ -116,7 +116,7 @@ def select_nodes(trie: list[TrieNode], occurrences: int, reach: Sequence[float],
 def tree_draft(trie: list[TrieNode], taken: list[int]) -> Draft:
     """The taken trie nodes as a Draft (tokens, parents renumbered in taken order)."""
     index = {node: i for i, node in enumerate(taken)}
-    return Draft(tuple(trie[i].token for i in taken), tuple(index.get(trie[i].parent, -1) for i in taken))
+    return Draft(tuple(trie[i].token for i in taken), tuple(index.get(trie[i].parent, -1) for i in taken), free=True)
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class SuffixPlan:
 
     def chain(self, nodes: Sequence[int]) -> SuffixPlan:
         """The plan cut to `nodes`, a path from the root (best_path's prefix): a chain draft."""
-        draft = Draft.chain([self.draft.tokens[i] for i in nodes])
+        draft = Draft.chain([self.draft.tokens[i] for i in nodes], free=True)
         return SuffixPlan(draft, tuple(self.estimates[i] for i in nodes), self.kind if nodes else 0,
                           self.from_store and bool(nodes))
 
@@ -195,7 +195,7 @@ class _State:
 
 class Suffix(BaseDrafter):
     name = "suffix"
-    capabilities = Capabilities(prices_rows=True)
+    capabilities = Capabilities(prices_rows=True, free_drafts=True)
 
     def __init__(self, config: SuffixConfig | None = None, cost: RowCost | None = None):
         """cost: where the row cost comes from when config.row_cost is None (the target's, measured on first

@@ -63,6 +63,9 @@ class ServerMetrics:
         self.speculation_off = Counter("specdecode_speculation_off_steps",
                                        "Steps whose draft length cap was 0: the cost table found no draft worth its "
                                        "verify rows at this batch size", registry=r)
+        self.free_only = Counter("specdecode_speculation_free_only_steps",
+                                 "Steps that allowed free drafts only (no draft pass): a model's drafts did not pay "
+                                 "at this batch size, free ones (suffix, hybrid's free part) did", registry=r)
         self.row_cost = Gauge("specdecode_row_cost",
                               "One more verify row, in one-token passes, as the drafters plan with it now (CPU; "
                               "NaN until first measured)", registry=r)

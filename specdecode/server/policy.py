@@ -149,8 +149,29 @@ class SpecPolicy:
 
     def choose_k(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float = 0.0) -> int:
         """batch: all rows in the step; rows: the speculating ones. Returns the cap K (0 = plain decoding)."""
+        return self._best(batch, rows, draft_ms_per_k)[0]
+
+    def choose(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float,
+               free: Sequence[RowEstimate | None]) -> StepCap:
+        """choose_k, and where it drafts nothing, whether free drafts alone pay: free[i] is row i's estimate of its
+        drafts that cost no draft pass (Draft.free), None where its drafter has none (Capabilities.free_drafts).
+        In a free-only step the rows without them decode plainly and the others pay no drafting time. That wins
+        where a model's passes do not pay at this batch size (the Qwen 1.5B's verify passes over 4 rows on the
+        2-core CPU: 188 ms with 6 tokens a row against 41 for one, so a draft model's tokens never pay there)
+        while free drafts nearly always accepted do. The free estimates are their own: a model's accepted
+        drafts overrate a hybrid's free ones (a fallback on the pooled estimates measured 0.92x plain decoding
+        at 4 clients, where it had drafted nothing at 0.99x)."""
+        k = self.choose_k(batch, rows, draft_ms_per_k)
+        freely = [row for row in free if row is not None]
+        if k > 0 or not freely or draft_ms_per_k == 0.0:  # drafting pays, or nothing would be saved
+            return StepCap(k)
+        free_k = self.choose_k(batch, freely, 0.0)
+        return StepCap(free_k, free_only=free_k > 0)
+
+    def _best(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float) -> tuple[int, float]:
+        """(the cap K with the most expected tokens a ms, those tokens a ms)."""
         if not rows:
-            return 0
+            return 0, batch / self.table.cost(batch, 1)
         plain_cost = self.table.cost(batch, 1)
         any_draft = 1.0 - math.prod(1.0 - row.p_draft for row in rows)
         longest = max(row.max_k for row in rows)
@@ -164,7 +185,16 @@ class SpecPolicy:
                 cost = any_draft * self.table.cost(batch, 1 + k) + (1 - any_draft) * plain_cost + draft_ms_per_k * k
             if tokens / cost > best * self.min_gain:
                 best_k, best = k, tokens / cost
-        return best_k
+        return best_k, best
+
+
+@dataclass(frozen=True)
+class StepCap:
+    """The batch's draft-length cap for a step, and whether the step allows free drafts only (no draft pass:
+    SequenceContext.free_only)."""
+
+    k: int
+    free_only: bool = False
 
 
 @dataclass
@@ -208,10 +238,12 @@ class DrafterEvidence:
 
     recent: AcceptanceStats = field(default_factory=AcceptanceStats)
     record: AcceptanceStats = field(default_factory=AcceptanceStats)
+    free: AcceptanceStats = field(default_factory=AcceptanceStats)  # recent, of its drafts that cost no pass alone
 
     def decay(self, policy: SpecPolicy) -> None:
         self.recent.decay(policy.pooled_memory)
         self.record.decay(policy.record_memory)
+        self.free.decay(policy.pooled_memory)
 
     def observe(self, allowed_k: int, depth: int, accepted: int) -> None:
         self.recent.observe(allowed_k, depth, accepted)
@@ -219,6 +251,10 @@ class DrafterEvidence:
 
     def prior(self, policy: SpecPolicy, max_k: int) -> RowEstimate:
         return self.recent.estimate(policy, max_k, self.record.estimate(policy, max_k))
+
+    def free_prior(self, policy: SpecPolicy, max_k: int) -> RowEstimate:
+        """A row's prior for its free drafts alone: the drafter's recent ones, shrunk towards the constants."""
+        return self.free.estimate(policy, max_k)
 
 
 @dataclass

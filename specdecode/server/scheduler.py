@@ -58,7 +58,7 @@ from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
 from specdecode.server.chunk_sizer import MIN_CLIMB, ChunkSizer
 from specdecode.server.metrics import ServerMetrics
-from specdecode.server.policy import AcceptanceStats, DraftCost, DrafterEvidence, SpecPolicy
+from specdecode.server.policy import AcceptanceStats, DraftCost, DrafterEvidence, SpecPolicy, StepCap
 from specdecode.server.router import RoutingDrafter
 
 NO_SPECULATION = "none"
@@ -216,6 +216,7 @@ class _Slot:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     first_token_at: float | None = None
     drafted: bool = False  # its last step drafted (a step after none catches a draft model up: DraftCost)
+    free_stats: AcceptanceStats = field(default_factory=AcceptanceStats)  # of its drafts that cost no pass alone
 
     @property
     def own_k(self) -> int:
@@ -247,7 +248,7 @@ class Scheduler:
         self._credit = 0.0  # seconds of prefill that decoding time has paid for; a chunk rides when it is >= 0
         self._round_began: float | None = None  # monotonic time the worker's current round began; None: idle
         self._drafters: dict[str, DrafterEvidence] = {}  # per drafter, over all its rows
-        self.last_k_cap = 0
+        self.last_k_cap, self.last_free_only = 0, False
         metrics.watch(lambda: len(self._pending), lambda: len(self._active))
 
     # -- called from the HTTP side -----------------------------------------------------------------------------
@@ -436,26 +437,40 @@ class Scheduler:
         else:
             self._credit = 0.0
 
-    def _choose_cap(self, slots: list[_Slot]) -> int:
+    def _choose_cap(self, slots: list[_Slot]) -> StepCap:
         if self.policy is None:
-            return 1 << 10
-        rows = []
+            return StepCap(1 << 10)
+        rows, free = [], []
         for slot in slots:
             if (own_k := slot.own_k) > 0:
                 evidence = self._drafters.get(slot.drafter)
                 prior = evidence.prior(self.policy, own_k) if evidence else None
                 rows.append(slot.stats.estimate(self.policy, own_k, prior))
-        return self.policy.choose_k(len(slots), rows, self._draft_cost.ms_per_k(len(slots)))
+                free_prior = evidence.free_prior(self.policy, own_k) if evidence else None
+                free.append(slot.free_stats.estimate(self.policy, own_k, free_prior)
+                            if self._drafts_free(slot) else None)
+        return self.policy.choose(len(slots), rows, self._draft_cost.ms_per_k(len(slots)), free)
+
+    def _drafts_free(self, slot: _Slot) -> bool:
+        drafter = self.router.drafters.get(slot.drafter)
+        return drafter is not None and drafter.capabilities.free_drafts
 
     def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
-        cap = self.last_k_cap = self._choose_cap(slots)
-        self.metrics.k_cap.set(min(cap, 1 << 10))
-        if cap == 0:
+        cap = self._choose_cap(slots)
+        self.last_k_cap, self.last_free_only = cap.k, cap.free_only
+        self.metrics.k_cap.set(min(cap.k, 1 << 10))
+        if cap.k == 0:
             self.metrics.speculation_off.inc()
+        elif cap.free_only:
+            self.metrics.free_only.inc()
         lengths = {slot.seq.ctx.seq_id: slot.length for slot in slots}
+        plain = {slot.seq.ctx.seq_id for slot in slots if cap.free_only and not self._drafts_free(slot)}
+        for slot in slots:  # a seeded row keeps its own drafts at any load (DraftLength)
+            slot.seq.ctx.free_only = cap.free_only and not slot.length.seeded
 
         def draft_len(seq: Sequence) -> int:
-            return lengths[seq.ctx.seq_id].k(seq.length.k, cap)
+            length = lengths[seq.ctx.seq_id]
+            return 0 if seq.ctx.seq_id in plain and not length.seeded else length.k(seq.length.k, cap.k)
 
         began = time.perf_counter()
         try:
@@ -487,13 +502,18 @@ class Scheduler:
                 self.metrics.observe_draft(outcome.depth, outcome.accepted)
                 evidence = (outcome.k, outcome.depth, outcome.accepted)
                 slot.stats.observe(*evidence, memory=memory)
-                self._drafters.setdefault(slot.drafter, DrafterEvidence()).observe(*evidence)
+                drafter = self._drafters.setdefault(slot.drafter, DrafterEvidence())
+                drafter.observe(*evidence)
+                if outcome.free or outcome.depth == 0:  # not a draft that paid passes: evidence of free ones alone
+                    slot.free_stats.observe(*evidence, memory=memory)
+                    drafter.free.observe(*evidence)
                 if outcome.k > 0:
                     drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
                     steady = steady and slot.drafted
                 slot.drafted = outcome.k > 0
             self._deliver(slot, outcome)
-        if drafted_ms and steady:  # no drafter caught up on a prompt or on plain steps (DraftCost)
+        if drafted_ms and steady and not cap.free_only:  # no drafter caught up on a prompt or on plain steps, and
+            # every row could pay draft passes (a free-only step's drafting costs nothing: DraftCost)
             self._draft_cost.observe(len(results), max(drafted_ms))
 
     def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:

@@ -110,14 +110,14 @@ def _propose(hybrid: Hybrid, tokens: list[int], **kwargs) -> tuple[Draft, Sequen
 def test_a_long_match_takes_the_free_draft():
     hybrid, model = _hybrid()
     draft, _ = _propose(hybrid, LONG_MATCH)
-    assert draft.tokens == (30, 31, 32, 33)
+    assert draft.tokens == (30, 31, 32, 33) and draft.free  # a server learns its acceptance apart
     assert model.seeds == [] and (hybrid.free_drafts, hybrid.model_drafts) == (1, 0)  # no draft pass spent
 
 
 def test_a_short_match_runs_the_model():
     hybrid, model = _hybrid()
     draft, _ = _propose(hybrid, SHORT_MATCH)
-    assert draft.tokens == tuple(MODEL_CHAIN)
+    assert draft.tokens == tuple(MODEL_CHAIN) and not draft.free
     assert model.seeds == [()] and (hybrid.free_drafts, hybrid.model_drafts) == (0, 1)
 
 
@@ -125,6 +125,22 @@ def test_a_dear_model_leaves_even_a_short_match_to_the_free_draft():
     hybrid, model = _hybrid(draft_pass=2.0)  # a draft pass costs two target passes: no chain pays
     draft, _ = _propose(hybrid, SHORT_MATCH)
     assert draft.tokens == (11,) and model.seeds == []
+
+
+def test_a_step_that_allows_no_draft_pass_gets_the_free_draft_or_none():
+    """A server's step where a model's drafts do not pay (ctx.free_only): the free draft, even where the model's
+    chain is worth more, and nothing where there is no free draft; the draft model never runs."""
+    hybrid, model = _hybrid()
+    assert hybrid.capabilities.free_drafts
+    seq = _seq(SHORT_MATCH)
+    hybrid.start(seq)
+    seq.free_only = True
+    assert hybrid.propose([seq])[0].tokens == (11,)  # where the model's chain was chosen without the flag
+    seq = _seq([1, 2, 3, 4])  # no match at all
+    hybrid.start(seq)
+    seq.free_only = True
+    assert len(hybrid.propose([seq])[0]) == 0
+    assert model.seeds == [] and hybrid.model_drafts == 0
 
 
 def test_a_likelier_free_token_leads_the_models_chain():

@@ -49,7 +49,7 @@ def test_depth_follows_the_match_length_on_a_cpu():
     three = [7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1]  # (7, 8, 1) recurs
     cpu, gpu = PromptLookup(row_cost=0.13), PromptLookup(row_cost=0.0)  # the dev CPU's measured cost / CUDA
     assert len(_propose(cpu, one)[1].tokens) == 1
-    assert len(_propose(cpu, three)[1].tokens) == 5
+    assert len(_propose(cpu, three)[1].tokens) == 5 and _propose(cpu, three)[1].free  # an index lookup: no pass
     assert len(_propose(gpu, one)[1].tokens) == 5
 
 

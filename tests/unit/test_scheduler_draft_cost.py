@@ -5,7 +5,7 @@ import asyncio
 import time
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
-from specdecode.core.drafting import Draft
+from specdecode.core.drafting import Capabilities, Draft
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
@@ -95,5 +95,64 @@ def test_a_drafter_keeps_its_own_acceptance_as_the_prior_while_nothing_drafts(ti
         assert run("oracle", 30)[1] > 0
         run("none", 300)  # 300 steps that draft nothing: the pooled evidence fades
         assert run("oracle", 30)[1] > 0  # a new request drafts from its first decoding step
+    finally:
+        loop.close()
+
+
+class FreeOracle(Oracle):
+    """An Oracle whose drafts cost no draft pass (as suffix's, or hybrid's when a step asks): records each row's
+    ctx.free_only."""
+
+    name = "free-oracle"
+    capabilities = Capabilities(free_drafts=True)
+
+    def __init__(self, answer: list[int]):
+        super().__init__(answer, first_s=0.0)
+        self.asked: list[bool] = []
+
+    def propose(self, seqs):
+        self.asked.extend(s.free_only for s in seqs)
+        return [Draft.chain(draft.tokens, free=True) for draft in super().propose(seqs)]
+
+
+def test_where_a_models_drafts_do_not_pay_free_drafts_still_run(tiny_target):
+    """Drafting measured at 100 ms a token against 10 ms passes: no draft pays for its pass, so the batch's cap is
+    0 for a drafter that must pay (plain decoding), while one that can draft without a pass gets steps that allow
+    free drafts only; their ~0 ms of drafting is not taken for the cost of drafting with passes (DraftCost)."""
+    spec = SpecConfig(k=4)
+    plain = build_drafter(tiny_target, DrafterConfig(name="none"), spec)
+    greedy, length = SamplingConfig(), GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+    answer = Engine(tiny_target, plain, spec).generate(list(PROMPT), greedy, length).token_ids
+    free = FreeOracle(answer)
+    router = RoutingDrafter({"oracle": Oracle(answer, first_s=0.0), "free-oracle": free}, "oracle")
+    metrics = ServerMetrics()
+    scheduler = Scheduler(Engine(tiny_target, router, spec), router, SchedulerConfig(max_batch=1), metrics,
+                          SpecPolicy(FLAT, max_k=4))
+    scheduler._draft_cost.observe(1, 100.0)
+    loop = asyncio.new_event_loop()
+
+    def run(drafter: str) -> tuple[list[tuple[int, bool]], list[int]]:
+        ticket = Ticket(Job(PROMPT, greedy, length, drafter), loop)
+        scheduler.submit(ticket)
+        caps = []
+        while scheduler._pending or scheduler._active:
+            scheduler._round()
+            caps.append((scheduler.last_k_cap, scheduler.last_free_only))
+        loop.run_until_complete(asyncio.sleep(0))
+        tokens = []
+        while not ticket._events.empty():
+            event = ticket._events.get_nowait()
+            tokens.extend(getattr(event, "token_ids", ()))
+        return caps, tokens
+
+    try:
+        caps, tokens = run("oracle")
+        assert all(cap == (0, False) for cap in caps) and tokens == answer  # plain decoding
+        caps, tokens = run("free-oracle")
+        assert tokens == answer and len(caps) < len(answer)  # drafted, and accepted
+        assert all(k > 0 and free_only for k, free_only in caps[1:]) and free.asked and all(free.asked)  # [0]: prefill
+        assert list(scheduler._draft_cost.samples[1]) == [100.0]
+        assert scheduler._drafters["free-oracle"].free.accepted > 0 and scheduler._drafters["oracle"].free.trials == 0
+        assert metrics.free_only._value.get() == len(caps) - 1
     finally:
         loop.close()

@@ -13,6 +13,7 @@ from specdecode.server.policy import (
     CostTable,
     RowEstimate,
     SpecPolicy,
+    StepCap,
     builtin_fits,
     builtin_table,
 )
@@ -154,3 +155,27 @@ def test_measured_times_any_other_models_passes(tiny_target, capsys, monkeypatch
     assert all(ms >= 0 for row in policy.table.ms for ms in row)
     assert "timed at start-up" in capsys.readouterr().err
     assert _policy(ServeConfig(k_policy="fixed"), tiny_target) is None
+
+
+# the Qwen 1.5B's verify passes on the 2-core CPU (least of 3 rounds, 300 cached tokens; docs/serving.md)
+QWEN_CPU = CostTable(batches=(1, 4), qs=(1, 2, 3, 4, 6), ms=((24.5, 28.7, 36.3, 39.8, 53.4),
+                                                              (41.0, 65.2, 100.1, 129.1, 188.2)))
+
+
+def test_a_step_drafts_freely_only_where_a_models_passes_do_not_pay():
+    """At 4 rows a draft model's tokens (~17 ms a pass over the rows) never pay against these verify passes, while
+    drafts that cost no pass and are nearly always accepted do: the step drafts freely only, and a row whose
+    drafter has no free drafts decodes plainly. At 1 row the model's drafts pay, and the step allows them. The
+    free drafts are judged by their own estimates, not by the drafter's over all its drafts."""
+    policy = SpecPolicy(QWEN_CPU, max_k=5, ragged=True)
+    rows = _rows(4, 0.97, k=5)
+    assert policy.choose_k(4, rows, draft_ms_per_k=17.0) == 0
+    cap = policy.choose(4, rows, 17.0, rows)
+    assert cap.free_only and cap.k > 0
+    assert policy.choose(4, rows, 17.0, [None] * 4) == StepCap(0)  # no row can draft freely: plain decoding
+    one = _rows(1, 0.9, k=5)
+    assert policy.choose_k(1, one, 6.5) > 0 and policy.choose(1, one, 6.5, one) == StepCap(policy.choose_k(1, one, 6.5))
+    assert policy.choose(4, rows, 17.0, _rows(4, 0.5, k=5)) == StepCap(0)  # its free drafts are rarely accepted
+    assert policy.choose(4, rows, 0.0, rows) == StepCap(policy.choose_k(4, rows))  # nothing to save
+    mixed = policy.choose(4, rows, 17.0, [rows[0], None, rows[2], None])  # two rows draft freely, two plainly
+    assert mixed.free_only and mixed.k > 0
