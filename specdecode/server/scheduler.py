@@ -507,13 +507,13 @@ class Scheduler:
                 if outcome.free or outcome.depth == 0:  # not a draft that paid passes: evidence of free ones alone
                     slot.free_stats.observe(*evidence, memory=memory)
                     drafter.free.observe(*evidence)
-                if outcome.k > 0:
+                if outcome.k > 0 and not outcome.free:  # a draft that cost passes (or asked for them)
                     drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
                     steady = steady and slot.drafted
                 slot.drafted = outcome.k > 0
             self._deliver(slot, outcome)
         if drafted_ms and steady and not cap.free_only:  # no drafter caught up on a prompt or on plain steps, and
-            # every row could pay draft passes (a free-only step's drafting costs nothing: DraftCost)
+            # some row paid draft passes (a step of free drafts only costs nothing: DraftCost)
             self._draft_cost.observe(len(results), max(drafted_ms))
 
     def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:

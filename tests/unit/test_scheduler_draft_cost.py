@@ -60,8 +60,11 @@ def test_one_slow_step_does_not_move_the_draft_cost():
     for ms in (10.0, 11.0, 300.0, 9.0, 10.0):
         cost.observe(1, ms)
     cost.observe(4, 40.0)
-    assert cost.ms_per_k(1) == 9.0 and cost.ms_per_k(4) == 40.0
-    assert cost.ms_per_k(2) == 18.0 and cost.ms_per_k(8) == 80.0  # the nearest measured size's, by the rows
+    assert cost.ms_per_k(1) == 10.0 and cost.ms_per_k(4) == 40.0  # the median: neither 300 nor the luckiest 9
+    assert cost.ms_per_k(2) == 20.0 and cost.ms_per_k(8) == 80.0  # the nearest measured size's, by the rows
+    cost.observe(2, 30.0)
+    cost.observe(2, 12.0)
+    assert cost.ms_per_k(2) == 12.0  # of two, the lower
     policy, rows = SpecPolicy(FLAT, max_k=4), [RowEstimate(alpha=0.8, p_draft=1.0, max_k=4)]
     assert policy.choose_k(1, rows, cost.ms_per_k(1) / 10) > 0 and policy.choose_k(1, rows, cost.ms_per_k(4)) == 0
 
@@ -154,5 +157,33 @@ def test_where_a_models_drafts_do_not_pay_free_drafts_still_run(tiny_target):
         assert list(scheduler._draft_cost.samples[1]) == [100.0]
         assert scheduler._drafters["free-oracle"].free.accepted > 0 and scheduler._drafters["oracle"].free.trials == 0
         assert metrics.free_only._value.get() == len(caps) - 1
+    finally:
+        loop.close()
+
+
+def test_steps_of_free_drafts_are_not_the_cost_of_drafting(tiny_target):
+    """A hybrid's step in which every row drafted freely costs ~0 ms; taken as the cost of drafting with passes,
+    it priced its model's catch-ups at nothing (its 0.4 ms at 4 rows sent the cap from 1 to 4, steps of 290 ms
+    against 100). Only steps in which some row's draft cost passes are samples."""
+    spec = SpecConfig(k=4)
+    plain = build_drafter(tiny_target, DrafterConfig(name="none"), spec)
+    greedy, length = SamplingConfig(), GenerationConfig(max_new_tokens=30, stop_on_eos=False)
+    answer = Engine(tiny_target, plain, spec).generate(list(PROMPT), greedy, length).token_ids
+    router = RoutingDrafter({"free-oracle": FreeOracle(answer), "oracle": Oracle(answer, first_s=0.0)}, "free-oracle")
+    scheduler = Scheduler(Engine(tiny_target, router, spec), router, SchedulerConfig(max_batch=1), ServerMetrics(),
+                          SpecPolicy(FLAT, max_k=4))
+    loop = asyncio.new_event_loop()
+
+    def run(drafter: str) -> list[int]:
+        scheduler.submit(Ticket(Job(PROMPT, greedy, length, drafter), loop))
+        caps = []
+        while scheduler._pending or scheduler._active:
+            scheduler._round()
+            caps.append(scheduler.last_k_cap)
+        return caps
+
+    try:
+        assert all(run("free-oracle")[1:]) and scheduler._draft_cost.samples == {}
+        assert all(run("oracle")[1:]) and len(scheduler._draft_cost.samples[1]) > 0
     finally:
         loop.close()
