@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -258,32 +257,42 @@ class DrafterEvidence:
         return self.free.estimate(policy, max_k)
 
 
+PAID_MEMORY = 0.9  # per drafting step, decay of DraftCost's share of steps that paid draft passes
+
+
 @dataclass
 class DraftCost:
-    """The batch's drafting time per unit of K (ms) by batch size, measured online: the median (the lower one)
-    of the last DRAFT_SAMPLES steps of that size in which some row's draft cost passes (Draft.free: a step of
-    free drafts costs nothing) and every drafting row had drafted in its previous step too. A row's first draft
-    runs the draft model over its prompt, and its first after plain steps over what they committed: with the
-    Qwen pair's 0.5B such steps took 240-470 ms at one to four rows against 9 / 14 ms per drafted token steady
-    at 1 / 2 rows (rows draft in lockstep: DraftModel.draft_rows), and as the cost of every later step one of
-    them switched speculation off for good. The median, not the least: a hybrid's model rows also catch up on
-    what its free drafts committed, and at 4 rows the least read 15 ms where such steps drafted at 20-35, so
-    drafting that lost a fifth of plain decoding's speed went on. By batch size: one draft pass over four rows
-    costs more than over one."""
+    """The batch's expected drafting time per unit of K (ms) by batch size, measured online: what a step whose
+    drafts cost passes takes (the least of the last DRAFT_SAMPLES such steps in which every drafting row had
+    drafted in its previous step too) times the share of recent drafting steps that paid any (a hybrid's steps
+    of free drafts alone cost nothing: Draft.free). A row's first draft runs the draft model over its prompt,
+    and its first after plain steps over what they committed: with the Qwen pair's 0.5B such steps took 240-470
+    ms at one to four rows against 6.5 / 14 ms per drafted token steady at 1 / 2 rows (rows draft in lockstep:
+    DraftModel.draft_rows), and as the cost of every later step one of them switched speculation off for good.
+    Slower samples are the machine's noise or such catch-ups, never a cheaper draft, so the least is the cost.
+    Steps of free drafts alone are no samples: taken for the cost of drafting with passes, a hybrid's 0.4 ms at
+    4 rows sent the cap from 1 to 4, steps of 290 ms against 100. By batch size: one draft pass over four rows
+    costs more than over one, and more rows make a step with some model draft likelier."""
 
     samples: dict[int, collections.deque[float]] = field(default_factory=dict)
+    paid: dict[int, float] = field(default_factory=dict)  # by batch size: the decaying share of paying steps
 
     def ms_per_k(self, batch: int) -> float:
-        """The median at this batch size; at a size not measured yet, the nearest measured one's scaled by the rows
-        (a draft pass over b rows costs at most b one-row passes: the 0.5B's passes over 1 / 2 / 4 rows take
-        8.8 / 10.1 / 14.8 ms), so that a size is not tried where its rows alone price drafting out; 0.0 before any
-        (drafting is tried)."""
+        """The least at this batch size times its paying share; at a size not measured yet, the nearest measured
+        one's scaled by the rows (a draft pass over b rows costs at most b one-row passes: the 0.5B's passes over
+        1 / 2 / 4 rows take 8.8 / 10.1 / 14.8 ms), so that a size is not tried where its rows alone price drafting
+        out, and every step paying; 0.0 before any (drafting is tried)."""
         if not self.samples:
             return 0.0
         measured = min(self.samples, key=lambda size: (abs(size - batch), size))
-        return statistics.median_low(self.samples[measured]) * batch / measured
+        return min(self.samples[measured]) * batch / measured * self.paid.get(batch, 1.0)
+
+    def observe_step(self, batch: int, paid: bool) -> None:
+        """A step in which some row drafted: whether any draft cost passes."""
+        self.paid[batch] = PAID_MEMORY * self.paid.get(batch, 1.0) + (1.0 - PAID_MEMORY) * paid
 
     def observe(self, batch: int, ms_per_k: float) -> None:
+        """A paying step's drafting time per unit of K."""
         self.samples.setdefault(batch, collections.deque(maxlen=DRAFT_SAMPLES)).append(ms_per_k)
 
 

@@ -492,7 +492,7 @@ class Scheduler:
         self.metrics.batch_size.observe(len(slots))
         self.metrics.target_passes.inc(passes)
         self.metrics.sequence_passes.inc(len(results))
-        drafted_ms, steady = [], True
+        drafted_ms, steady, drafting = [], True, False
         if self.policy is not None:
             for drafter in self._drafters.values():
                 drafter.decay(self.policy)
@@ -507,13 +507,15 @@ class Scheduler:
                 if outcome.free or outcome.depth == 0:  # not a draft that paid passes: evidence of free ones alone
                     slot.free_stats.observe(*evidence, memory=memory)
                     drafter.free.observe(*evidence)
+                drafting = drafting or outcome.k > 0
                 if outcome.k > 0 and not outcome.free:  # a draft that cost passes (or asked for them)
                     drafted_ms.append(outcome.draft_s * 1000 / outcome.k)
                     steady = steady and slot.drafted
                 slot.drafted = outcome.k > 0
             self._deliver(slot, outcome)
-        if drafted_ms and steady and not cap.free_only:  # no drafter caught up on a prompt or on plain steps, and
-            # some row paid draft passes (a step of free drafts only costs nothing: DraftCost)
+        if drafting and not cap.free_only:  # a step that allowed drafts with passes: did any pay (DraftCost)
+            self._draft_cost.observe_step(len(results), bool(drafted_ms))
+        if drafted_ms and steady and not cap.free_only:  # no drafter caught up on a prompt or on plain steps
             self._draft_cost.observe(len(results), max(drafted_ms))
 
     def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:
