@@ -21,7 +21,8 @@ back towards the prior and it is tried again later instead of staying off foreve
 the drafter's own for ~1,000 steps rather than the constants' (the Qwen pair's 0.9 and more, against 0.6, at
 which its drafting is priced out and was never tried again). The draft cost per unit of K is measured online by
 the scheduler (DraftCost: it matters for model drafters, ~0 for prompt lookup), in steps whose drafters were not
-catching up.
+catching up. Where no K pays with that cost, a step may allow free drafts only (`choose`: drafts that cost no
+draft pass, priced by their own acceptance), which at 4 rows on a 2-core CPU is the only drafting that can pay.
 """
 from __future__ import annotations
 
