@@ -33,6 +33,15 @@ class Oracle(BaseDrafter):
         return [Draft.chain(self.answer[len(s.tokens) - len(PROMPT):][: s.k]) for s in seqs]
 
 
+def _rounds(scheduler: Scheduler) -> list[tuple[int, bool]]:
+    """The scheduler's rounds until nothing is queued or decoding; -> each round's (cap, free drafts only)."""
+    caps = []
+    while scheduler._pending or scheduler._active:
+        scheduler._round()
+        caps.append((scheduler.last_k_cap, scheduler.last_free_only))
+    return caps
+
+
 def test_a_slow_first_draft_does_not_switch_speculation_off(tiny_target):
     spec = SpecConfig(k=4)
     plain = build_drafter(tiny_target, DrafterConfig(name="none"), spec)
@@ -44,10 +53,7 @@ def test_a_slow_first_draft_does_not_switch_speculation_off(tiny_target):
     loop = asyncio.new_event_loop()
     try:
         scheduler.submit(Ticket(Job(PROMPT, greedy, length, "oracle"), loop))
-        caps = []
-        while scheduler._pending or scheduler._active:
-            scheduler._round()
-            caps.append(scheduler.last_k_cap)
+        caps = [k for k, _ in _rounds(scheduler)]
     finally:
         loop.close()
     # the first draft's 100 ms per token would price every later draft at 20 ms a token against 10 ms passes
@@ -83,11 +89,7 @@ def test_a_drafter_keeps_its_own_acceptance_as_the_prior_while_nothing_drafts(ti
     def run(drafter: str, tokens: int) -> list[int]:
         scheduler.submit(Ticket(Job(PROMPT, greedy, GenerationConfig(max_new_tokens=tokens, stop_on_eos=False),
                                     drafter), loop))
-        caps = []
-        while scheduler._pending or scheduler._active:
-            scheduler._round()
-            caps.append(scheduler.last_k_cap)
-        return caps
+        return [k for k, _ in _rounds(scheduler)]
 
     try:
         assert any(run("oracle", 30))  # accepted throughout: the drafter's record
@@ -134,10 +136,7 @@ def test_where_a_models_drafts_do_not_pay_free_drafts_still_run(tiny_target):
     def run(drafter: str) -> tuple[list[tuple[int, bool]], list[int]]:
         ticket = Ticket(Job(PROMPT, greedy, length, drafter), loop)
         scheduler.submit(ticket)
-        caps = []
-        while scheduler._pending or scheduler._active:
-            scheduler._round()
-            caps.append((scheduler.last_k_cap, scheduler.last_free_only))
+        caps = _rounds(scheduler)
         loop.run_until_complete(asyncio.sleep(0))
         tokens = []
         while not ticket._events.empty():
@@ -173,11 +172,7 @@ def test_steps_of_free_drafts_are_not_the_cost_of_drafting(tiny_target):
 
     def run(drafter: str) -> list[int]:
         scheduler.submit(Ticket(Job(PROMPT, greedy, length, drafter), loop))
-        caps = []
-        while scheduler._pending or scheduler._active:
-            scheduler._round()
-            caps.append(scheduler.last_k_cap)
-        return caps
+        return [k for k, _ in _rounds(scheduler)]
 
     try:
         assert all(run("free-oracle")[1:]) and scheduler._draft_cost.samples == {}
