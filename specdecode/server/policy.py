@@ -150,7 +150,22 @@ class SpecPolicy:
 
     def choose_k(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float = 0.0) -> int:
         """batch: all rows in the step; rows: the speculating ones. Returns the cap K (0 = plain decoding)."""
-        return self._best(batch, rows, draft_ms_per_k)[0]
+        if not rows:
+            return 0
+        plain_cost = self.table.cost(batch, 1)
+        any_draft = 1.0 - math.prod(1.0 - row.p_draft for row in rows)
+        longest = max(row.max_k for row in rows)
+        best_k, best = 0, batch / plain_cost
+        for k in range(1, min(self.max_k, longest) + 1):
+            tokens = batch - len(rows) + sum(self.expected_tokens(row, k) for row in rows)
+            if self.ragged:  # a pass costs its rows: the table's at the mean tokens per row
+                drafted = sum(row.p_draft * min(k, row.max_k) for row in rows)
+                cost = self.table.cost(batch, 1 + drafted / batch) + draft_ms_per_k * k
+            else:
+                cost = any_draft * self.table.cost(batch, 1 + k) + (1 - any_draft) * plain_cost + draft_ms_per_k * k
+            if tokens / cost > best * self.min_gain:
+                best_k, best = k, tokens / cost
+        return best_k
 
     def choose(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float,
                free: Sequence[RowEstimate | None]) -> StepCap:
@@ -168,25 +183,6 @@ class SpecPolicy:
             return StepCap(k)
         free_k = self.choose_k(batch, freely, 0.0)
         return StepCap(free_k, free_only=free_k > 0)
-
-    def _best(self, batch: int, rows: Sequence[RowEstimate], draft_ms_per_k: float) -> tuple[int, float]:
-        """(the cap K with the most expected tokens a ms, those tokens a ms)."""
-        if not rows:
-            return 0, batch / self.table.cost(batch, 1)
-        plain_cost = self.table.cost(batch, 1)
-        any_draft = 1.0 - math.prod(1.0 - row.p_draft for row in rows)
-        longest = max(row.max_k for row in rows)
-        best_k, best = 0, batch / plain_cost
-        for k in range(1, min(self.max_k, longest) + 1):
-            tokens = batch - len(rows) + sum(self.expected_tokens(row, k) for row in rows)
-            if self.ragged:  # a pass costs its rows: the table's at the mean tokens per row
-                drafted = sum(row.p_draft * min(k, row.max_k) for row in rows)
-                cost = self.table.cost(batch, 1 + drafted / batch) + draft_ms_per_k * k
-            else:
-                cost = any_draft * self.table.cost(batch, 1 + k) + (1 - any_draft) * plain_cost + draft_ms_per_k * k
-            if tokens / cost > best * self.min_gain:
-                best_k, best = k, tokens / cost
-        return best_k, best
 
 
 @dataclass(frozen=True)

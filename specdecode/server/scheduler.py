@@ -217,6 +217,7 @@ class _Slot:
     first_token_at: float | None = None
     drafted: bool = False  # its last step drafted (a step after none catches a draft model up: DraftCost)
     free_stats: AcceptanceStats = field(default_factory=AcceptanceStats)  # of its drafts that cost no pass alone
+    drafts_free: bool = False  # its drafter has drafts that cost no pass (Capabilities.free_drafts)
 
     @property
     def own_k(self) -> int:
@@ -397,7 +398,9 @@ class Scheduler:
             seeded = job.sampling.seeded
             length = DraftLength(job.k, job.drafter != NO_SPECULATION, seeded=seeded)
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
-            self._active.append(_Slot(ticket, seq, length))
+            slot = _Slot(ticket, seq, length)
+            slot.drafts_free = self.router.drafters[slot.drafter].capabilities.free_drafts
+            self._active.append(slot)
 
     def _chunks(self, budget: int, among: list[_Slot] | None = None) -> list[tuple[_Slot, int]]:
         """Up to `budget` prompt tokens for the prefilling rows (or those `among` them), those with the fewest
@@ -447,13 +450,8 @@ class Scheduler:
                 prior = evidence.prior(self.policy, own_k) if evidence else None
                 rows.append(slot.stats.estimate(self.policy, own_k, prior))
                 free_prior = evidence.free_prior(self.policy, own_k) if evidence else None
-                free.append(slot.free_stats.estimate(self.policy, own_k, free_prior)
-                            if self._drafts_free(slot) else None)
+                free.append(slot.free_stats.estimate(self.policy, own_k, free_prior) if slot.drafts_free else None)
         return self.policy.choose(len(slots), rows, self._draft_cost.ms_per_k(len(slots)), free)
-
-    def _drafts_free(self, slot: _Slot) -> bool:
-        drafter = self.router.drafters.get(slot.drafter)
-        return drafter is not None and drafter.capabilities.free_drafts
 
     def _step(self, slots: list[_Slot], prefill: list[tuple[_Slot, int]]) -> None:
         cap = self._choose_cap(slots)
@@ -464,13 +462,13 @@ class Scheduler:
         elif cap.free_only:
             self.metrics.free_only.inc()
         lengths = {slot.seq.ctx.seq_id: slot.length for slot in slots}
-        plain = {slot.seq.ctx.seq_id for slot in slots if cap.free_only and not self._drafts_free(slot)}
+        plain = {slot.seq.ctx.seq_id for slot in slots  # a seeded row keeps its own K at any load (DraftLength)
+                 if cap.free_only and not slot.drafts_free and not slot.length.seeded}
         for slot in slots:  # a seeded row keeps its own drafts at any load (DraftLength)
             slot.seq.ctx.free_only = cap.free_only and not slot.length.seeded
 
         def draft_len(seq: Sequence) -> int:
-            length = lengths[seq.ctx.seq_id]
-            return 0 if seq.ctx.seq_id in plain and not length.seeded else length.k(seq.length.k, cap.k)
+            return 0 if seq.ctx.seq_id in plain else lengths[seq.ctx.seq_id].k(seq.length.k, cap.k)
 
         began = time.perf_counter()
         try:
