@@ -1,7 +1,8 @@
 """`specdecode bench-serve`: throughput and latency of the server at several concurrency levels, with
 speculation on (the server's drafter and K policy) and off (`"speculation": {"drafter": "none"}`), measured in
-the same run against the same server, alternating per level. Greedy chat requests over the benchmark prompts;
-greedy output does not depend on speculation, so both modes generate the same tokens.
+the same run against the same server, alternating per level. Greedy chat requests over the benchmark prompts (each
+question's first turn, or with --conversations all its turns in order: serve_client.conversation); greedy output
+does not depend on speculation, so both modes generate the same tokens.
 
 Prints a markdown table. The client (serve_client.py) is the standard library, so it also runs against any
 OpenAI-compatible server given with --url; against a server bench-serve starts, it runs in a process of its own.
@@ -17,7 +18,7 @@ from specdecode.server.background import BackgroundServer
 from specdecode.server.service import ServeConfig, build_service
 
 
-def bench_served(config: ServeConfig, prompts: list[str], concurrency: list[int], requests: int | None,
+def bench_served(config: ServeConfig, prompts: list[tuple[str, ...]], concurrency: list[int], requests: int | None,
                  max_tokens: int) -> list[Level]:
     """Start a server as configured on a free local port, benchmark it (serve_client.bench), stop it. The clients
     are a process of their own (spawned: it imports no torch): as threads of the server's process they took its

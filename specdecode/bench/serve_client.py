@@ -1,13 +1,20 @@
 """The client of `specdecode bench-serve` (bench/serve.py): streaming chat requests from a pool of threads, timed
 to the first content chunk and to [DONE], over concurrency levels with speculation on and off. The standard
 library only (threads + http.client), so it runs against any OpenAI-compatible server and, in a process of its
-own, imports neither torch nor the server."""
+own, imports neither torch nor the server.
+
+A client plays a conversation: its turns one after another, each sent with the earlier turns and the server's
+own answers to them, as an agent sends its next edit of a file (one turn: a single request). Each level starts
+at the conversation after the last one the previous level sent (wrapping), so a server that learns from earlier
+requests (a suffix store) does not meet a level's conversations again; speculation on and off at one level send
+the same ones, as their tokens must be the same."""
 from __future__ import annotations
 
 import http.client
 import json
 import time
 import urllib.parse
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -60,8 +67,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def one_request(url: str, body: dict, timeout: float = 900.0) -> Sample:
-    """One streaming chat completion; time to first content chunk and to [DONE]."""
+def one_request(url: str, body: dict, timeout: float = 900.0) -> tuple[Sample, str]:
+    """One streaming chat completion; time to first content chunk and to [DONE], and the answer's text."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     began = time.perf_counter()
@@ -72,7 +79,7 @@ def one_request(url: str, body: dict, timeout: float = 900.0) -> Sample:
         if response.status != 200:
             raise ConfigError(f"the server refused a request: HTTP {response.status}: "
                               f"{_error_message(response.read())}")
-        first, usage = None, None
+        first, usage, text = None, None, []
         for raw in response:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -81,30 +88,49 @@ def one_request(url: str, body: dict, timeout: float = 900.0) -> Sample:
             if "error" in chunk:
                 raise ConfigError(f"the server failed a request: {chunk['error'].get('message', 'error')}")
             usage = chunk.get("usage") or usage
-            if first is None and any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+            content = "".join(c.get("delta", {}).get("content") or "" for c in chunk.get("choices", []))
+            if content and first is None:
                 first = time.perf_counter() - began
+            text.append(content)
         latency = time.perf_counter() - began
     finally:
         connection.close()
     usage = usage or {}
     return Sample(latency, first if first is not None else latency, int(usage.get("completion_tokens", 0)),
-                  float(usage.get("tau", 0.0)))
+                  float(usage.get("tau", 0.0))), "".join(text)
 
 
-def run_level(url: str, model: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int,
-              speculation: bool) -> Level:
-    def body(i: int) -> dict:
-        request = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
-                   "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                   "stream_options": {"include_usage": True}}
+def conversation(url: str, model: str, turns: Sequence[str], max_tokens: int, speculation: bool) -> list[Sample]:
+    """Every turn in order, each sent after the earlier turns and the server's answers to them."""
+    messages: list[dict[str, str]] = []
+    samples = []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        request = {"model": model, "messages": list(messages), "max_tokens": max_tokens, "temperature": 0,
+                   "stream": True, "stream_options": {"include_usage": True}}
         if not speculation:
             request["speculation"] = {"drafter": "none"}
-        return request
+        sample, answer = one_request(url, request)
+        samples.append(sample)
+        messages.append({"role": "assistant", "content": answer})
+    return samples
 
+
+def level_conversations(conversations: Sequence[Sequence[str]], start: int, count: int) -> list[Sequence[str]]:
+    """`count` conversations from index `start` on, wrapping.
+
+    Example: 3 conversations a, b, c; start 2, count 3 -> c, a, b."""
+    return [conversations[(start + i) % len(conversations)] for i in range(count)]
+
+
+def run_level(url: str, model: str, conversations: Sequence[Sequence[str]], concurrency: int, max_tokens: int,
+              speculation: bool) -> Level:
+    """`concurrency` clients playing the conversations (conversation()); a sample per turn."""
     began = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        samples = tuple(pool.map(lambda i: one_request(url, body(i)), range(requests)))
-    return Level(concurrency, speculation, samples, time.perf_counter() - began)
+        played = list(pool.map(lambda turns: conversation(url, model, turns, max_tokens, speculation), conversations))
+    return Level(concurrency, speculation, tuple(s for samples in played for s in samples),
+                 time.perf_counter() - began)
 
 
 def markdown(levels: list[Level]) -> str:
@@ -120,15 +146,18 @@ def markdown(levels: list[Level]) -> str:
     return "\n".join(lines)
 
 
-def bench(url: str, model: str, prompts: list[str], concurrency: list[int], requests: int | None,
-          max_tokens: int) -> list[Level]:
-    one_request(url, {"model": model, "messages": [{"role": "user", "content": prompts[0]}], "max_tokens": 4,
-                      "temperature": 0, "stream": True})  # warm-up
-    levels = []
+def bench(url: str, model: str, conversations: Sequence[Sequence[str]], concurrency: list[int],
+          requests: int | None, max_tokens: int) -> list[Level]:
+    """Each level: `requests` conversations (default max(4, 2 x clients)), speculation on and off."""
+    one_request(url, {"model": model, "messages": [{"role": "user", "content": conversations[0][0]}],
+                      "max_tokens": 4, "temperature": 0, "stream": True})  # warm-up
+    levels, start = [], 0
     for c in concurrency:
         n = requests or max(4, 2 * c)
+        chosen = level_conversations(conversations, start, n)
+        start += n
         for speculation in (True, False) if len(levels) % 4 == 0 else (False, True):  # alternate the order
-            levels.append(run_level(url, model, prompts, c, n, max_tokens, speculation))
+            levels.append(run_level(url, model, chosen, c, max_tokens, speculation))
     return levels
 
 

@@ -37,7 +37,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     only = None if args.category is None else tuple(n.strip() for n in args.category.split(",") if n.strip())
     if only is not None and not only:
         raise ConfigError("--category names no category")
-    prompts = [q.turns[0] for q in load_prompts(args.prompts, only)]
+    questions = load_prompts(args.prompts, only)
+    prompts = [tuple(q.turns) if args.conversations else (q.turns[0],) for q in questions]
     given = [flag for dest, (flag, default) in args.server_flags.items() if getattr(args, dest) != default]
     if args.url:
         results = _bench_running(args, given, prompts, levels)
@@ -54,7 +55,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_running(args: argparse.Namespace, given: list[str], prompts: list[str], levels: list[int]) -> list[Level]:
+def _bench_running(args: argparse.Namespace, given: list[str], prompts: list[tuple[str, ...]],
+                   levels: list[int]) -> list[Level]:
     """Benchmark the server at --url (already configured: no server flag may be given)."""
     _check_url(args.url)
     if given:
@@ -114,10 +116,14 @@ def register(subparsers, name: str) -> None:
                     for action in parser._actions[first:] if action.dest != "served_model_name"}
     parser.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
-    parser.add_argument("--requests", type=int, default=None, help="requests per level (default: max(4, 2 x clients))")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="questions sent per level (default: max(4, 2 x clients)); each level sends the next ones")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request")
     parser.add_argument("--prompts", default=None,
                         help="JSONL prompts file (default: the built-in set); each question's first turn is sent")
+    parser.add_argument("--conversations", action="store_true",
+                        help="send every turn of each question, each after the earlier turns and the server's "
+                             "answers (an agent's multi-turn edits); a sample per turn")
     parser.add_argument("--category", default=None, metavar="NAMES",
                         help="comma list of categories to send (default: all; the built-in 'agentic' only when named)")
     parser.add_argument("--out", default=None, help="also write the markdown table here")

@@ -216,3 +216,17 @@ def test_bench_serve_refused_request_is_one_line(short_context_dir, tmp_path, ca
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1, lines
     assert "HTTP 400" in lines[0] and "exceeds the model's context of 64 tokens" in lines[0]
+
+
+def test_bench_serve_sends_first_turns_or_whole_conversations(monkeypatch, tmp_path, capsys):
+    """Each question's first turn, or with --conversations all its turns, reach the client as its conversations."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "qa", "turns": turns})
+                                 for i, turns in enumerate([["one"], ["two", "two again"]])) + "\n")
+    sent = []
+    monkeypatch.setattr("specdecode.cli.bench_serve.bench_served",
+                        lambda config, conversations, *rest: sent.append(conversations) or [])
+    for extra in ([], ["--conversations"]):
+        assert main(["bench-serve", "--prompts", str(prompts), "--concurrency", "1", *extra]) == 0
+    assert sent == [[("one",), ("two",)], [("one",), ("two", "two again")]]
+    capsys.readouterr()
