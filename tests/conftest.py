@@ -33,6 +33,24 @@ def tiny_target(tiny_model, tiny_tokenizer) -> Target:
 
 
 @pytest.fixture(scope="session")
+def tiny_packed_target(tiny_model, tiny_tokenizer) -> Target:
+    """The tiny model in int4 on the native decoder (a packed target: its KV does not depend on the pass that
+    wrote it, so finished rows' prefixes are reused)."""
+    import copy
+
+    from specdecode.backends.cpu import native
+    from specdecode.loading.formats import apply
+    from specdecode.loading.load import exact_attention
+
+    if native.missing():
+        pytest.skip(native.missing())
+    model = copy.deepcopy(tiny_model)
+    apply(model, "int4")
+    exact_attention(model)
+    return Target(model, tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tiny_model, tiny_tokenizer) -> str:
     return save_tiny(tmp_path_factory.mktemp("tiny"), tiny_model, tiny_tokenizer)
 

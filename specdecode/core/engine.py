@@ -59,10 +59,10 @@ class Engine:
 
     def _reuses_prefixes(self) -> bool:
         """Reusing a row's KV is exact only where a token's KV does not depend on the pass that wrote it (the
-        packed decoder: a verify pass and a prefill write the same bits), and needs no hidden states the prefill
-        would have given the drafter. One row only: a server's KV budget counts reservations of live requests,
-        which parked rows would escape."""
-        return (self.max_batch == 1 and self.target.packed_decoder and not self.cache.static
+        packed decoder: a verify pass, a prefill and a batched pass write the same bits, each row on its own), and
+        needs no hidden states the prefill would have given the drafter. Parked rows are free rows, so they hold
+        at most what a full batch holds; a server's KV budget counts them and evicts them (`evict_parked`)."""
+        return (self.target.packed_decoder and not self.cache.static
                 and not self.drafter.capabilities.needs_hidden)
 
     @functools.cached_property
@@ -145,8 +145,10 @@ class Engine:
 
     def _take_row(self, prompt_ids: list[int]) -> tuple[int, int]:
         """A free row -> (row, prompt tokens whose KV it already holds): the row whose parked tokens share the
-        longest prefix with the prompt (all but its last token, the first step's root); others are emptied."""
-        best, shared = self._free_rows[0], 0
+        longest prefix with the prompt (all but its last token, the first step's root); where none shares any, an
+        empty row, else the row parked longest ago (its KV is then freed), so the others keep theirs."""
+        empty = [row for row in self._free_rows if row not in self._parked]
+        best, shared = empty[0] if empty else next(iter(self._parked)), 0
         for row in self._free_rows:
             length = common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
             if length > shared:
@@ -155,6 +157,20 @@ class Engine:
         if self._parked.pop(best, None) is not None and not shared:
             self.cache.release(best)  # its old KV is of no use: free it now
         return best, shared
+
+    @property
+    def parked_bytes(self) -> int:
+        """KV bytes held by finished requests' rows for the next prompts' prefixes."""
+        return sum(self.cache.row_nbytes(row) for row in self._parked)
+
+    def evict_parked(self) -> bool:
+        """Free the KV of the row parked longest ago (a server's KV budget needs the room); False if none is."""
+        if not self._parked:
+            return False
+        row = next(iter(self._parked))
+        del self._parked[row]
+        self.cache.release(row)
+        return True
 
     def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:
         """Prefill the next `tokens` prompt tokens (None: all that are left) of a prefilling sequence in a pass of
@@ -217,6 +233,7 @@ class Engine:
                 seq.finish_reason = "abort"
             row = seq.ctx.row
             if self.prefix_reuse and seq.finish_reason != "error":  # its KV stays for the next prompt's prefix
+                self._parked.pop(row, None)  # parked last: evicted last
                 self._parked[row] = seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled]
             else:
                 self.cache.release(row)

@@ -206,6 +206,11 @@ class RollbackCache(Cache):
         """Bytes allocated for keys and values, all layers and rows."""
         return sum(layer.nbytes for layer in self.layers)
 
+    def row_nbytes(self, row: int) -> int:
+        """Bytes allocated for one row's keys and values, all layers (dynamic; a static row's are never freed)."""
+        held = [layer.buffers[row] for layer in self.layers if isinstance(layer, _RowLayer) and row in layer.buffers]
+        return sum(keys.nbytes + values.nbytes for keys, values in held)
+
     # -- sizing ---------------------------------------------------------------------------------------------
     def ensure(self, rows: int, capacity: int) -> None:
         """Static: grow (doubling) when a request needs more rows or slots; never shrinks, never per step.

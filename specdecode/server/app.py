@@ -476,7 +476,7 @@ def _usage(stats: RequestStats) -> s.Usage:
     return s.Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
                    total_tokens=stats.prompt_tokens + stats.completion_tokens, tau=stats.tau,
                    target_passes=stats.target_passes, acceptance_rate=stats.acceptance_rate, drafter=stats.drafter,
-                   forced_tokens=stats.forced)
+                   forced_tokens=stats.forced, prompt_tokens_details=s.PromptTokensDetails(cached_tokens=stats.cached))
 
 
 # -- validation and encoding ---------------------------------------------------------------------------------------

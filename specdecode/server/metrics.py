@@ -30,7 +30,10 @@ class ServerMetrics:
                                 ["endpoint", "status"], registry=r)
         self.finished = Counter("specdecode_generations", "Generations that left the batch, by finish reason",
                                 ["reason"], registry=r)
-        self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.cached_prompt_tokens = Counter("specdecode_prompt_tokens_cached",
+                                            "Prompt tokens whose KV a finished request's row still held (not "
+                                            "prefilled again)", registry=r)
         self.generated_tokens = Counter("specdecode_generated_tokens", "Tokens generated (committed)", registry=r)
         self.target_passes = Counter("specdecode_target_passes",
                                      "Batched target verification passes (one per scheduler step)", registry=r)

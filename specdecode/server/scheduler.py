@@ -29,7 +29,9 @@ loading prompt's length does not reach the other rows' attention; rows are still
 row in tokens.
 
 KV memory: a request reserves its KV (prompt + max new tokens, Engine.kv_bytes) from `kv_cache_bytes` when it
-is admitted to the batch, and gives it back when it leaves. One that can never fit is refused (TooLarge: 413);
+is admitted to the batch, and gives it back when it leaves; a row that keeps a finished request's KV for the next
+prompts' prefixes (Engine.prefix_reuse) counts too, and is freed, oldest first, when a request needs the room.
+One that can never fit is refused (TooLarge: 413);
 one that does not fit now waits in the queue, first come first served (a later, smaller request does not pass
 it, so a long prompt is not starved), and only a full queue is refused (429), as vLLM and TGI queue requests
 for memory; the cache cannot outgrow its budget. (The budget counts
@@ -128,6 +130,7 @@ class RequestStats:
     acceptance_rate: float
     drafter: str
     forced: int = 0  # draft tokens the request's grammar forced
+    cached: int = 0  # prompt tokens whose KV a finished request's row still held (Engine.prefix_reuse)
 
 
 @dataclass(frozen=True)
@@ -282,8 +285,20 @@ class Scheduler:
         return sum(s.ticket.kv_bytes for s in list(self._active))
 
     def _fits(self, ticket: Ticket) -> bool:
+        """Whether the request's KV fits beside the admitted requests' and the parked rows'."""
+        return self._room(ticket.kv_bytes)
+
+    def _room(self, extra: int = 0) -> bool:
+        """Whether `extra` bytes fit in the KV budget beside the admitted requests' reservations and the bytes the
+        parked rows hold (finished requests' KV kept for the next prompts' prefixes), freeing parked rows, oldest
+        first, until they do."""
         budget = self.config.kv_cache_bytes
-        return budget is None or self.kv_reserved + ticket.kv_bytes <= budget
+        if budget is None:
+            return True
+        while self.kv_reserved + extra + self.engine.parked_bytes > budget:
+            if not self.engine.evict_parked():
+                return False
+        return True
 
     def stalled(self) -> str | None:
         """Why the worker is not making progress, or None when it is (see the module docstring)."""
@@ -398,6 +413,7 @@ class Scheduler:
             seeded = job.sampling.seeded
             length = DraftLength(job.k, job.drafter != NO_SPECULATION, seeded=seeded)
             self.metrics.prompt_tokens.inc(len(job.prompt_ids))
+            self.metrics.cached_prompt_tokens.inc(seq.metrics.cached_prompt_tokens)
             slot = _Slot(ticket, seq, length)
             slot.drafts_free = self.router.drafters[slot.drafter].capabilities.free_drafts
             self._active.append(slot)
@@ -546,7 +562,7 @@ class Scheduler:
     def _stats(self, slot: _Slot) -> RequestStats:
         m = slot.seq.metrics
         return RequestStats(m.prompt_tokens, len(slot.seq.output_ids), m.target_passes, round(m.tau, 4),
-                            round(m.acceptance_rate, 4), slot.drafter, m.forced)
+                            round(m.acceptance_rate, 4), slot.drafter, m.forced, m.cached_prompt_tokens)
 
     def _leave(self, slot: _Slot, reason: str) -> None:
         """The row leaves the batch; the request gets its final event unless it was aborted."""
@@ -585,3 +601,4 @@ class Scheduler:
             self.engine.release(slot.seq)
         except Exception:  # noqa: BLE001 - the engine frees the row even when the drafter's cleanup raises
             log.exception("drafter cleanup failed for sequence %s", slot.seq.ctx.seq_id)
+        self._room()  # a parked row holds its whole buffer, more than its reservation counted: within the budget

@@ -284,6 +284,12 @@ class ChatCompletionRequest(_Sampling):
 
 
 # -- responses ----------------------------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    """OpenAI's prompt_tokens_details: prompt tokens whose KV was already cached (not prefilled again)."""
+
+    cached_tokens: int
+
+
 class Usage(BaseModel):
     """OpenAI usage plus extensions: tau (tokens per target pass, counting the target's own token), the number of
     verification passes, draft acceptance rate and the drafter that served the request."""
@@ -296,6 +302,7 @@ class Usage(BaseModel):
     acceptance_rate: float
     drafter: str
     forced_tokens: int = 0  # draft tokens the request's grammar forced (structured outputs)
+    prompt_tokens_details: PromptTokensDetails | None = None  # OpenAI's: cached_tokens
 
 
 class CompletionLogprobs(BaseModel):

@@ -68,7 +68,8 @@ BEFORE = {
         '"delta":{"role":null,"content":""},"logprobs":null,"finish_reason":"length"}]}\n\n'
         'data: {"id":"x","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[],"usage":'
         '{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7,"tau":1.3333,"target_passes":3,'
-        '"acceptance_rate":0.5,"drafter":"prompt-lookup","forced_tokens":0}}\n\n'
+        '"acceptance_rate":0.5,"drafter":"prompt-lookup","forced_tokens":0,'
+        '"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
         'data: [DONE]\n\n',
 }
 

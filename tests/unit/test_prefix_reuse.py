@@ -3,8 +3,6 @@
 the same token for token."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
@@ -17,28 +15,14 @@ CONFIG = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
 SPEC = SpecConfig(k=4)
 
 
-@pytest.fixture(scope="module")
-def packed_target(tiny_model, tiny_tokenizer):
-    from specdecode.backends.cpu import native
-    from specdecode.loading.formats import apply
-    from specdecode.loading.load import exact_attention
-
-    if native.missing():
-        pytest.skip(native.missing())
-    model = copy.deepcopy(tiny_model)
-    apply(model, "int4")
-    exact_attention(model)
-    return Target(model, tiny_tokenizer)
-
-
 def engine(target: Target, name: str, **kwargs) -> Engine:
     return Engine(target, tiny_drafter(target, name, SPEC, row_cost=0.0), SPEC, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["none", "prompt-lookup"])  # KV written by one-token passes / by verify passes
-def test_the_next_turn_prefills_only_its_new_tokens_and_decodes_the_same(name, packed_target, tiny_tokenizer):
+def test_the_next_turn_prefills_only_its_new_tokens_and_decodes_the_same(name, tiny_packed_target, tiny_tokenizer):
     ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    reusing = engine(packed_target, name)
+    reusing = engine(tiny_packed_target, name)
     assert reusing.prefix_reuse
     first = reusing.generate(ids, SamplingConfig(), CONFIG)
     assert first.metrics.cached_prompt_tokens == 0
@@ -46,7 +30,7 @@ def test_the_next_turn_prefills_only_its_new_tokens_and_decodes_the_same(name, p
     second = reusing.generate(turn, SamplingConfig(), CONFIG)
     # the row held the first prompt and every new token but the last (whose KV the next step would have written)
     assert second.metrics.cached_prompt_tokens == len(ids) + len(first.token_ids) - 1
-    fresh = engine(packed_target, "none", prefix_reuse=False).generate(turn, SamplingConfig(), CONFIG)
+    fresh = engine(tiny_packed_target, "none", prefix_reuse=False).generate(turn, SamplingConfig(), CONFIG)
     assert fresh.metrics.cached_prompt_tokens == 0
     assert second.token_ids == fresh.token_ids
     other = reusing.generate(tiny_tokenizer("def add(a, b):")["input_ids"], SamplingConfig(), CONFIG)
@@ -56,22 +40,62 @@ def test_the_next_turn_prefills_only_its_new_tokens_and_decodes_the_same(name, p
     assert reusing.generate(turn, SamplingConfig(), CONFIG).metrics.cached_prompt_tokens == 0
 
 
-def test_reuse_is_off_where_it_would_not_be_exact_or_bounded(packed_target, tiny_target):
+def test_reuse_is_off_where_it_would_not_be_exact(tiny_packed_target, tiny_target):
     assert not engine(tiny_target, "none").prefix_reuse  # float forward: a pass's rounding depends on its width
-    assert not engine(packed_target, "none", max_batch=4).prefix_reuse  # the server's KV budget
-    eagle = Engine(packed_target, tiny_drafter(packed_target, "eagle", SPEC), SPEC)
+    eagle = Engine(tiny_packed_target, tiny_drafter(tiny_packed_target, "eagle", SPEC), SPEC)
     assert not eagle.prefix_reuse  # needs the prefill's hidden states
 
 
-def test_an_aborted_prefill_leaves_only_what_it_wrote(packed_target, tiny_tokenizer):
+def _together(reusing: Engine, prompts: list[list[int]]) -> tuple[list[list[int]], list[int], list[int]]:
+    """The prompts decoded in one batch -> (outputs, cached prompt tokens, rows), each row leaving when done."""
+    seqs = [reusing.start(prompt, SamplingConfig(), CONFIG) for prompt in prompts]
+    cached, rows = [s.metrics.cached_prompt_tokens for s in seqs], [s.ctx.row for s in seqs]
+    live = list(seqs)
+    while live:
+        reusing.step(live)
+        for seq in [s for s in live if s.finished]:
+            reusing.release(seq)
+            live.remove(seq)
+    return [s.output_ids for s in seqs], cached, rows
+
+
+def test_a_batch_keeps_each_rows_prefix_for_its_next_turn(tiny_packed_target, tiny_tokenizer):
+    """Two conversations decoded together: each next turn takes the row that holds its own history, prefills only
+    what it adds, and decodes what a fresh engine decodes. A prompt that shares nothing takes an empty row while
+    there is one, then the row parked longest ago; `evict_parked` frees the oldest, as a server's KV budget asks."""
+    def ids(text: str) -> list[int]:
+        return tiny_tokenizer(text)["input_ids"]
+
+    reusing = engine(tiny_packed_target, "prompt-lookup", max_batch=3)
+    assert reusing.prefix_reuse and reusing.parked_bytes == 0
+    firsts = [ids("the cat sat on the mat. the cat sat on the"), ids("def add(a, b): return a + b")]
+    outputs, cached, rows = _together(reusing, firsts)
+    assert cached == [0, 0] and reusing.parked_bytes > 0
+    turns = [first + out + ids(" and then") for first, out in zip(firsts, outputs)]
+    again, cached, reused = _together(reusing, turns[::-1])
+    assert reused == rows[::-1]  # each took its own history's row
+    assert cached == [len(first) + len(out) - 1 for first, out in zip(firsts[::-1], outputs[::-1])]
+    fresh = engine(tiny_packed_target, "prompt-lookup", max_batch=3, prefix_reuse=False)
+    assert again == _together(fresh, turns[::-1])[0]
+    # rows 0 and 1 parked (the second turns), row 2 empty: a new prompt takes row 2, the next evicts the oldest
+    order = list(reusing._parked)
+    (_, _, (empty,)) = _together(reusing, [ids("zzz yyy")])
+    assert empty not in order and list(reusing._parked) == [*order, empty]
+    (_, _, (oldest,)) = _together(reusing, [ids("qqq www")])
+    assert oldest == order[0] and list(reusing._parked) == [order[1], empty, oldest]
+    held = reusing.parked_bytes
+    assert reusing.evict_parked() and 0 < reusing.parked_bytes < held and list(reusing._parked) == [empty, oldest]
+
+
+def test_an_aborted_prefill_leaves_only_what_it_wrote(tiny_packed_target, tiny_tokenizer):
     ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    reusing = Engine(packed_target, build_drafter(packed_target, DrafterConfig("none"), SPEC), SPEC)
+    reusing = Engine(tiny_packed_target, build_drafter(tiny_packed_target, DrafterConfig("none"), SPEC), SPEC)
     seq = reusing.admit(ids, SamplingConfig(), CONFIG)
     reusing.prefill_chunk(seq, 5)
     reusing.release(seq)
     again = reusing.generate(ids, SamplingConfig(), CONFIG)
     assert again.metrics.cached_prompt_tokens == 5
-    fresh = Engine(packed_target, build_drafter(packed_target, DrafterConfig("none"), SPEC), SPEC,
+    fresh = Engine(tiny_packed_target, build_drafter(tiny_packed_target, DrafterConfig("none"), SPEC), SPEC,
                    prefix_reuse=False).generate(ids, SamplingConfig(), CONFIG)
     assert again.token_ids == fresh.token_ids
 

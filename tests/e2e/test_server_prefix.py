@@ -1,0 +1,61 @@
+"""The server keeps a finished request's KV in its row (a packed target): a conversation's next turn prefills only
+what it adds, says so in OpenAI's `usage.prompt_tokens_details.cached_tokens` and on /metrics, and answers what a
+fresh server answers; under a KV budget the parked rows give way, oldest first, to a request that needs the room."""
+from __future__ import annotations
+
+import httpx
+
+from specdecode.config import GenerationConfig
+from specdecode.core.kv_cache import GROWTH_ROUND
+from tests.e2e.server_util import MODEL, reference, serving, tiny_service
+
+FIRST = "the cat sat on the mat. the cat sat on the"
+
+
+def _complete(url: str, prompt: list[int], max_tokens: int = 16) -> dict:
+    reply = httpx.post(url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_the_next_turn_reuses_the_finished_rows_kv(tiny_packed_target):
+    tokenizer = tiny_packed_target.tokenizer
+    first = tokenizer(FIRST)["input_ids"]
+    service = tiny_service(tiny_packed_target, max_batch=4)
+    assert service.scheduler.engine.prefix_reuse
+    with serving(service) as server:
+        answer = _complete(server.url, first)
+        assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        turn = first + tokenizer(answer["choices"][0]["text"])["input_ids"] + tokenizer(" and the dog")["input_ids"]
+        again = _complete(server.url, turn)
+        metrics = httpx.get(server.url + "/metrics").text
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert len(first) <= cached < len(turn)
+    assert f"specdecode_prompt_tokens_cached_total {float(cached)}" in metrics
+    assert again["choices"][0]["text"] == reference(tiny_packed_target, turn, 16, stop_on_eos=False).text
+
+
+def test_parked_rows_give_way_under_the_kv_budget(tiny_packed_target):
+    """A budget of about two requests' KV: after two finished requests parked their rows, a third is admitted at
+    once (the oldest parked row freed), not queued behind memory nobody uses."""
+    tokenizer = tiny_packed_target.tokenizer
+    prompts = [tokenizer(text)["input_ids"] for text in ("a b c a b c", "def f(x): return x", "Once upon a time")]
+    sizing = tiny_service(tiny_packed_target).scheduler.engine
+    generation = GenerationConfig(16)
+    one = max(sizing.kv_bytes(len(p), generation) for p in prompts)  # a reservation
+    slots = max(sizing.kv_slots(len(p), generation) for p in prompts)
+    row = -(-slots // GROWTH_ROUND) * GROWTH_ROUND * (one // slots)  # a row's buffer: more than its reservation
+    budget = 2 * row + one // 2
+    service = tiny_service(tiny_packed_target, max_batch=4, kv_cache_bytes=budget)
+    engine = service.scheduler.engine
+    with serving(service) as server:
+        for prompt in prompts[:2]:
+            _complete(server.url, prompt)
+        assert len(engine._parked) == 2 and engine.parked_bytes + one > budget  # the third does not fit beside both
+        _complete(server.url, prompts[2])
+        assert engine.parked_bytes <= budget and service.scheduler.kv_reserved == 0
+        held = sorted(next(i for i, p in enumerate(prompts) if tokens[: len(p)] == p)
+                      for tokens in engine._parked.values())
+        assert held == [1, 2]  # the first request's row made room; the second kept its KV
+
