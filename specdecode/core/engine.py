@@ -118,7 +118,7 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         constraint = None if generation.structure is None else \
             self.grammars.constraint(generation.structure, self.spec.grammar_draft)
-        row, shared = self._take_row(prompt_ids)
+        row, shared, source = self._take_row(prompt_ids)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
         self._next_id += 1
         length = SpeculationLength(self.spec, plain=deque(self._plain_costs))
@@ -130,6 +130,8 @@ class Engine:
         seq.metrics.cached_prompt_tokens = seq.prefilled = shared
         try:
             self.cache.reserve(row, self.kv_slots(len(prompt_ids), generation))
+            if source is not None:
+                self.cache.copy_prefix(source, row, shared)
         except BaseException:
             self._free_row(row)
             raise
@@ -143,20 +145,29 @@ class Engine:
             self.cache.release(row)
         self.drafter.forget_prefixes()
 
-    def _take_row(self, prompt_ids: list[int]) -> tuple[int, int]:
-        """A free row -> (row, prompt tokens whose KV it already holds): the row whose parked tokens share the
-        longest prefix with the prompt (all but its last token, the first step's root); where none shares any, an
-        empty row, else the row parked longest ago (its KV is then freed), so the others keep theirs."""
-        empty = [row for row in self._free_rows if row not in self._parked]
-        best, shared = empty[0] if empty else next(iter(self._parked)), 0
+    def _take_row(self, prompt_ids: list[int]) -> tuple[int, int, int | None]:
+        """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source).
+
+        The parked row sharing the longest prefix with the prompt (all but its last token, the first step's root)
+        is taken when the prompt continues it (shares at least half its tokens: a conversation's next turn). One
+        that shares less (a system prompt: another conversation's row) keeps its tokens for its own next turn, and
+        the prompt gets a copy of the shared prefix in another row. A row that is not taken whole is an empty one
+        where there is one, else the row parked longest ago (its KV freed)."""
+        best, shared = None, 0
         for row in self._free_rows:
             length = common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
             if length > shared:
                 best, shared = row, length
-        self._free_rows.remove(best)
-        if self._parked.pop(best, None) is not None and not shared:
-            self.cache.release(best)  # its old KV is of no use: free it now
-        return best, shared
+        if best is not None and (2 * shared >= len(self._parked[best]) or len(self._free_rows) == 1):
+            self._free_rows.remove(best)
+            del self._parked[best]
+            return best, shared, None
+        empty = [row for row in self._free_rows if row not in self._parked]
+        row = empty[0] if empty else next(r for r in self._parked if r != best)
+        self._free_rows.remove(row)
+        if self._parked.pop(row, None) is not None:
+            self.cache.release(row)  # its old KV is of no use: free it now
+        return row, shared, best
 
     @property
     def parked_bytes(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
+from specdecode.core.drafting import common_prefix
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
@@ -126,3 +127,25 @@ def test_a_draft_model_prefills_only_what_the_next_prompt_adds(tiny_target, tiny
     fed.clear()
     reusing.generate(turn, SamplingConfig(), CONFIG)
     assert fed[0] == len(turn)
+
+
+def test_a_prompt_sharing_a_little_copies_it_and_leaves_the_row_to_its_conversation(tiny_packed_target,
+                                                                                    tiny_tokenizer):
+    """A new conversation that shares only its start with a parked one (a system prompt) gets a copy of that
+    prefix in another row; the parked row keeps its tokens, and its own next turn still finds them."""
+    def ids(text: str) -> list[int]:
+        return tiny_tokenizer(text)["input_ids"]
+
+    system = ids("You are helpful. ")
+    reusing = engine(tiny_packed_target, "prompt-lookup", max_batch=2)
+    first = system + ids("the cat sat on the mat. the cat sat on the")
+    (out,), _, (row,) = _together(reusing, [first])
+    other = system + ids("def add(a, b): return a + b")
+    (answer,), (cached,), (other_row,) = _together(reusing, [other])
+    assert other_row != row and cached == common_prefix(first, other)
+    fresh = engine(tiny_packed_target, "prompt-lookup", prefix_reuse=False)
+    assert answer == fresh.generate(other, SamplingConfig(), CONFIG).token_ids
+    turn = first + out + ids(" and then")
+    (again,), (cached,), (again_row,) = _together(reusing, [turn])
+    assert again_row == row and cached == len(first) + len(out) - 1
+    assert again == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
