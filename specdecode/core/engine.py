@@ -16,11 +16,12 @@ import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.detok import StopText
-from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext, common_prefix
+from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext
 from specdecode.core.kv_cache import kv_bytes_per_slot
 from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.penalties import check_bias, path_tokens, penalize
+from specdecode.core.prefix_rows import choose_row
 from specdecode.core.sampling import make_generator
 from specdecode.core.sequence import Committed, Origin, Result, Sequence, StepOutcome
 from specdecode.core.speculation import SpeculationLength
@@ -146,28 +147,14 @@ class Engine:
         self.drafter.forget_prefixes()
 
     def _take_row(self, prompt_ids: list[int]) -> tuple[int, int, int | None]:
-        """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source).
-
-        The parked row sharing the longest prefix with the prompt (all but its last token, the first step's root)
-        is taken when the prompt continues it (shares at least half its tokens: a conversation's next turn). One
-        that shares less (a system prompt: another conversation's row) keeps its tokens for its own next turn, and
-        the prompt gets a copy of the shared prefix in another row. A row that is not taken whole is an empty one
-        where there is one, else the row parked longest ago (its KV freed)."""
-        best, shared = None, 0
-        for row in self._free_rows:
-            length = common_prefix(self._parked.get(row, ()), prompt_ids[:-1])
-            if length > shared:
-                best, shared = row, length
-        if best is not None and (2 * shared >= len(self._parked[best]) or len(self._free_rows) == 1):
-            self._free_rows.remove(best)
-            del self._parked[best]
-            return best, shared, None
-        empty = [row for row in self._free_rows if row not in self._parked]
-        row = empty[0] if empty else next(r for r in self._parked if r != best)
-        self._free_rows.remove(row)
-        if self._parked.pop(row, None) is not None:
-            self.cache.release(row)  # its old KV is of no use: free it now
-        return row, shared, best
+        """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source):
+        prefix_rows.choose_row over the parked rows, for all but the prompt's last token (the first step's root)."""
+        choice = choose_row(self._free_rows, self._parked, prompt_ids[:-1])
+        self._free_rows.remove(choice.row)
+        self._parked.pop(choice.row, None)
+        if choice.evict:
+            self.cache.release(choice.row)  # its old KV is of no use: free it now
+        return choice.row, choice.shared, choice.source
 
     @property
     def parked_bytes(self) -> int:

@@ -208,13 +208,15 @@ class RollbackCache(Cache):
 
     def copy_prefix(self, source: int, row: int, slots: int) -> None:
         """Row `row`'s first `slots` slots become row `source`'s (dynamic; `row` reserved, `source` holding at least
-        that many): a prompt starts from another row's prefix while that row keeps its own."""
-        for layer in self.layers:
-            if isinstance(layer, _RowLayer) and slots:
-                keys, values = layer.buffers[source]
-                new_keys, new_values = layer._grown(row, slots, keys[None])
-                new_keys[:, :slots] = keys[:, :slots]
-                new_values[:, :slots] = values[:, :slots]
+        that many): a prompt starts from another row's prefix while that row keeps its own. Under inference mode, as
+        the passes that wrote the buffers."""
+        with torch.inference_mode():
+            for layer in self.layers:
+                if isinstance(layer, _RowLayer) and slots:
+                    keys, values = layer.buffers[source]
+                    new_keys, new_values = layer._grown(row, slots, keys[None])
+                    new_keys[:, :slots] = keys[:, :slots]
+                    new_values[:, :slots] = values[:, :slots]
 
     def row_nbytes(self, row: int) -> int:
         """Bytes allocated for one row's keys and values, all layers (dynamic; a static row's are never freed)."""

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
-from specdecode.core.drafting import Draft, SequenceContext, common_prefix
+from specdecode.core.drafting import Draft, SequenceContext
 from specdecode.core.pass_costs import ChainCostEstimate, measure_chain_costs
+from specdecode.core.prefix_rows import RowChoice, choose_row
 from specdecode.core.target import Target
 from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
 from specdecode.drafters.common.model_step import choose, feed_rows
@@ -62,8 +63,21 @@ class DraftModel(RowStateDrafter):
         super().__init__()
 
     def start(self, seq: SequenceContext) -> None:
-        row = self._pool.take(prefer=lambda r: common_prefix(self._held.get(r, ()), seq.tokens))
-        seq.state = _State(row, self._held.pop(row, []))  # _draft_one keeps what the prompt shares
+        """The free row prefix_rows.choose_row picks (a new one when none is free); a row that another
+        conversation's next turn continues stays its, and this one starts from a copy of the prefix they share
+        (a dynamic cache; a static one's row is taken whole)."""
+        self._pool.grow()
+        choice = choose_row(self._pool.free, self._held, seq.tokens)
+        if choice.source is not None and self.cache.static:
+            choice = RowChoice(choice.source, choice.shared)
+        self._pool.free.remove(choice.row)
+        cached = self._held.pop(choice.row, [])  # draft_rows keeps what the prompt shares
+        if choice.source is not None:
+            self.cache.copy_prefix(choice.source, choice.row, choice.shared)
+            cached = self._held[choice.source][: choice.shared]
+        elif choice.evict:
+            cached = []
+        seq.state = _State(choice.row, cached)
 
     def finish(self, seq: SequenceContext) -> None:
         if seq.state is not None:

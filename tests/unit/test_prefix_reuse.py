@@ -149,3 +149,37 @@ def test_a_prompt_sharing_a_little_copies_it_and_leaves_the_row_to_its_conversat
     (again,), (cached,), (again_row,) = _together(reusing, [turn])
     assert again_row == row and cached == len(first) + len(out) - 1
     assert again == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
+
+
+def test_a_draft_models_row_stays_with_its_conversation(tiny_target, tiny_tokenizer, tiny_draft_dir):
+    """The draft model's held rows follow the same choice (prefix_rows.choose_row): a new conversation that shares
+    only the system prompt with a held row is fed from a copy of that prefix in another row, and the held row's
+    own next turn is fed only what it adds. The output stays the target's."""
+    def ids(text: str) -> list[int]:
+        return tiny_tokenizer(text)["input_ids"]
+
+    system = ids("You are helpful. ")
+    drafter = tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir)
+    reusing = Engine(tiny_target, drafter, SPEC, max_batch=2)
+    fed: list[int] = []
+    forward = drafter.draft.forward
+
+    def counting(cache, rows, block, **kwargs):
+        fed.append(block.input_ids.shape[1])
+        return forward(cache, rows, block, **kwargs)
+
+    drafter.draft.forward = counting
+    first, other = system + ids("the cat sat on the mat. the cat sat on the"), system + ids("Once upon a time")
+    (out, _), _, _ = _together(reusing, [first, other])  # two draft rows, each holding its conversation
+    new = system + ids("def add(a, b): return a + b")
+    fed.clear()
+    (answer,), _, _ = _together(reusing, [new])
+    shared = max(common_prefix(new, first), common_prefix(new, other))
+    assert 0 < shared and fed[0] == len(new) - shared  # the system prompt came from a copy
+    turn = first + out + ids(" and then")
+    fed.clear()
+    (again,), _, _ = _together(reusing, [turn])
+    assert fed[0] <= len(turn) - len(first)  # its own row kept the first turn
+    fresh = Engine(tiny_target, tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
+    assert answer == fresh.generate(new, SamplingConfig(), CONFIG).token_ids
+    assert again == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids

@@ -45,6 +45,11 @@ class RowPool:
     def give(self, row: int) -> None:
         self.free.append(row)
 
+    def grow(self) -> None:
+        """A new free row, when none is free."""
+        if not self.free:
+            self.give(self.take())
+
 
 class BaseDrafter:
     """Defaults for drafters that keep no per-sequence state or need no feedback."""

@@ -1,0 +1,42 @@
+"""Which free cache row a new prompt takes, where finished sequences left their KV in their rows (the engine's
+parked rows, a draft model's held rows): a pure choice over the rows' token lists, shared by both caches.
+
+A prompt that continues a row's tokens (shares at least half of them: a conversation's next turn) takes that row
+whole. One that shares less (the chat template's system prompt: another conversation's row) gets a copy of the
+shared prefix in another row, so the row stays with its own conversation for its next turn. A row not taken whole
+is an empty free row where there is one, else the one whose tokens were left longest ago (they are then freed).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from specdecode.core.drafting import common_prefix
+
+
+@dataclass(frozen=True)
+class RowChoice:
+    row: int  # the row the prompt takes
+    shared: int  # prompt tokens whose KV the row holds (once `source`'s are copied in)
+    source: int | None = None  # a row to copy the shared prefix from (None: `row` holds it already)
+    evict: bool = False  # `row` held other tokens, of no use now: free them
+
+
+def choose_row(free: Sequence[int], held: Mapping[int, Sequence[int]], prompt: Sequence[int]) -> RowChoice:
+    """free: the free rows (at least one); held: free rows -> the tokens whose KV they hold, left longest ago
+    first; prompt: the tokens whose KV the new sequence needs.
+
+    Example: free [0, 1, 2], held {0: [5, 6, 7, 8], 1: [5, 9]}, prompt [5, 6, 7, 1] -> row 0 whole (3 of its
+    4 tokens); prompt [5, 3] -> row 2 (empty) with a copy of row 0's first token (row 0 came first of equals)."""
+    best, shared = None, 0
+    for row in free:
+        length = common_prefix(held.get(row, ()), prompt)
+        if length > shared:
+            best, shared = row, length
+    if best is not None and (2 * shared >= len(held[best]) or len(free) == 1):
+        return RowChoice(best, shared)
+    empty = [row for row in free if row not in held]
+    if empty:
+        return RowChoice(empty[0], shared, best)
+    oldest = next(row for row in held if row != best and row in free)
+    return RowChoice(oldest, shared, best, evict=True)

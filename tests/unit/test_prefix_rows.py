@@ -1,0 +1,22 @@
+"""Which free row a prompt takes (prefix_rows.choose_row), by table."""
+from __future__ import annotations
+
+import pytest
+
+from specdecode.core.prefix_rows import RowChoice, choose_row
+
+HELD = {0: [5, 6, 7, 8], 1: [5, 9]}  # row 0 left first
+
+
+@pytest.mark.parametrize("free,prompt,expected", [
+    ([0, 1, 2], [5, 6, 7, 1], RowChoice(0, 3)),  # continues row 0: taken whole
+    ([0, 1, 2], [5, 9, 4], RowChoice(1, 2)),  # continues row 1
+    ([0, 1, 2], [5, 3], RowChoice(2, 1, source=0)),  # shares a little: a copy in the empty row
+    ([0, 1], [5, 3], RowChoice(1, 1, source=0, evict=True)),  # no empty row: the oldest other than the source
+    ([1, 0], [5, 6, 3], RowChoice(0, 2)),  # half of row 0 is enough
+    ([0], [5, 3], RowChoice(0, 1)),  # the only free row: taken whole
+    ([0, 1, 2], [4], RowChoice(2, 0)),  # nothing shared: an empty row
+    ([0, 1], [4], RowChoice(0, 0, evict=True)),  # nothing shared, no empty row: the oldest
+])
+def test_choose_row(free, prompt, expected):
+    assert choose_row(free, {r: t for r, t in HELD.items() if r in free}, prompt) == expected
