@@ -101,12 +101,8 @@ def test_an_aborted_prefill_leaves_only_what_it_wrote(tiny_packed_target, tiny_t
     assert again.token_ids == fresh.token_ids
 
 
-def test_a_draft_model_prefills_only_what_the_next_prompt_adds(tiny_target, tiny_tokenizer, tiny_draft_dir):
-    """The draft model's cache row keeps its sequence's tokens after it finishes; the next prompt that shares a
-    prefix with them takes that row and feeds the draft only the rest. The output stays the target's."""
-    ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    drafter = tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir)
-    reusing = Engine(tiny_target, drafter, SPEC)
+def _fed(drafter) -> list[int]:
+    """The tokens of each pass the draft model runs from now on (its forward counted)."""
     fed: list[int] = []
     forward = drafter.draft.forward
 
@@ -115,6 +111,16 @@ def test_a_draft_model_prefills_only_what_the_next_prompt_adds(tiny_target, tiny
         return forward(cache, rows, block, **kwargs)
 
     drafter.draft.forward = counting
+    return fed
+
+
+def test_a_draft_model_prefills_only_what_the_next_prompt_adds(tiny_target, tiny_tokenizer, tiny_draft_dir):
+    """The draft model's cache row keeps its sequence's tokens after it finishes; the next prompt that shares a
+    prefix with them takes that row and feeds the draft only the rest. The output stays the target's."""
+    ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    drafter = tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir)
+    reusing = Engine(tiny_target, drafter, SPEC)
+    fed = _fed(drafter)
     first = reusing.generate(ids, SamplingConfig(), CONFIG)
     assert fed[0] == len(ids)
     turn = ids + first.token_ids + tiny_tokenizer(" and the dog")["input_ids"]
@@ -161,14 +167,7 @@ def test_a_draft_models_row_stays_with_its_conversation(tiny_target, tiny_tokeni
     system = ids("You are helpful. ")
     drafter = tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir)
     reusing = Engine(tiny_target, drafter, SPEC, max_batch=2)
-    fed: list[int] = []
-    forward = drafter.draft.forward
-
-    def counting(cache, rows, block, **kwargs):
-        fed.append(block.input_ids.shape[1])
-        return forward(cache, rows, block, **kwargs)
-
-    drafter.draft.forward = counting
+    fed = _fed(drafter)
     first, other = system + ids("the cat sat on the mat. the cat sat on the"), system + ids("Once upon a time")
     (out, _), _, _ = _together(reusing, [first, other])  # two draft rows, each holding its conversation
     new = system + ids("def add(a, b): return a + b")
