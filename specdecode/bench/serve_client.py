@@ -27,6 +27,8 @@ class Sample:
     ttft_s: float
     tokens: int
     tau: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens: prompt tokens the server did not prefill
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,12 @@ class Level:
 
     def ttft(self, q: float) -> float:
         return percentile([s.ttft_s for s in self.samples], q)
+
+    @property
+    def cached_share(self) -> float:
+        """Share of the prompt tokens the server said it had cached (0 where it says nothing)."""
+        prompt = sum(s.prompt_tokens for s in self.samples)
+        return sum(s.cached_tokens for s in self.samples) / prompt if prompt else 0.0
 
     @property
     def tau(self) -> float:
@@ -96,8 +104,9 @@ def one_request(url: str, body: dict, timeout: float = 900.0) -> tuple[Sample, s
     finally:
         connection.close()
     usage = usage or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return Sample(latency, first if first is not None else latency, int(usage.get("completion_tokens", 0)),
-                  float(usage.get("tau", 0.0))), "".join(text)
+                  float(usage.get("tau", 0.0)), int(usage.get("prompt_tokens", 0)), int(cached)), "".join(text)
 
 
 def conversation(url: str, model: str, turns: Sequence[str], max_tokens: int, speculation: bool) -> list[Sample]:
@@ -135,14 +144,15 @@ def run_level(url: str, model: str, conversations: Sequence[Sequence[str]], conc
 
 def markdown(levels: list[Level]) -> str:
     lines = ["| concurrency | speculation | requests | tokens | tokens/s | speedup | p50 latency s | p95 latency s "
-             "| p50 TTFT s | tau |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| p50 TTFT s | tau | prompt cached |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     plain = {level.concurrency: level.tokens_per_s for level in levels if not level.speculation}
     for level in levels:
         base = plain.get(level.concurrency)
         speedup = f"{level.tokens_per_s / base:.2f}x" if base else "-"
         lines.append(f"| {level.concurrency} | {'on' if level.speculation else 'off'} | {len(level.samples)} | "
                      f"{level.tokens} | {level.tokens_per_s:.1f} | {speedup} | {level.latency(50):.2f} | "
-                     f"{level.latency(95):.2f} | {level.ttft(50):.2f} | {level.tau:.2f} |")
+                     f"{level.latency(95):.2f} | {level.ttft(50):.2f} | {level.tau:.2f} | "
+                     f"{100 * level.cached_share:.0f}% |")
     return "\n".join(lines)
 
 

@@ -8,11 +8,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specdecode.bench.serve_client import bench, conversation, level_conversations
+from specdecode.bench.serve_client import bench, conversation, level_conversations, markdown
 
 
 class _FakeServer(BaseHTTPRequestHandler):
-    """Answers a chat request with the stream "echo: <last user turn>" in two chunks, and records the request."""
+    """Answers a chat request with the stream "echo: <last user turn>" in two chunks and a usage chunk (10 prompt
+    tokens, 4 of them cached), and records the request."""
 
     seen: list[dict] = []
 
@@ -21,7 +22,8 @@ class _FakeServer(BaseHTTPRequestHandler):
         self.seen.append(body)
         last = body["messages"][-1]["content"]
         chunks = [{"choices": [{"delta": {"content": "echo: "}}]}, {"choices": [{"delta": {"content": last}}]},
-                  {"choices": [], "usage": {"completion_tokens": 3, "tau": 1.5}}]
+                  {"choices": [], "usage": {"completion_tokens": 3, "tau": 1.5, "prompt_tokens": 10,
+                                            "prompt_tokens_details": {"cached_tokens": 4}}}]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -48,7 +50,7 @@ def fake_url():
 
 def test_a_conversation_sends_the_history_with_the_servers_answers(fake_url):
     samples = conversation(fake_url, "m", ["first", "second", "third"], 8, speculation=False)
-    assert [s.tokens for s in samples] == [3, 3, 3] and all(s.tau == 1.5 for s in samples)
+    assert [(s.tokens, s.tau, s.prompt_tokens, s.cached_tokens) for s in samples] == [(3, 1.5, 10, 4)] * 3
     assert [body["messages"] for body in _FakeServer.seen] == [
         [{"role": "user", "content": "first"}],
         [{"role": "user", "content": "first"}, {"role": "assistant", "content": "echo: first"},
@@ -66,6 +68,8 @@ def test_each_level_sends_the_next_conversations(fake_url):
     levels = bench(fake_url, "m", conversations, [1, 2], requests=2, max_tokens=4)
     assert [(level.concurrency, level.speculation, len(level.samples)) for level in levels] == [
         (1, True, 3), (1, False, 3), (2, False, 2), (2, True, 2)]  # a sample per turn
+    assert all(level.cached_share == 0.4 for level in levels)
+    assert all(row.endswith("| 40% |") for row in markdown(levels).splitlines()[2:])
     firsts = [body["messages"][0]["content"] for body in _FakeServer.seen[1:] if len(body["messages"]) == 1]
     # after the warm-up: level 1 (one client, on then off) a, b twice; level 2 (two clients, off then on) c and a
     assert firsts[:4] == ["a", "b", "a", "b"] and sorted(firsts[4:6]) == sorted(firsts[6:]) == ["a", "c"]
