@@ -185,8 +185,13 @@ class GenerationConfig:
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
     structure: Structure | None = None  # what the output must match (structured outputs); None: free text
     logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
+    # a prompt reuses the KV of finished sequences with the same salt only (vLLM's cache_salt): who shares a
+    # salt can tell from its speed what the others' prompts began with; None is a salt too
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
+            raise ConfigError(f"cache_salt must be a non-empty string or None, got {self.cache_salt!r:.80}")
         _check_types("generation", max_new_tokens=(self.max_new_tokens, _INT), stop_on_eos=(self.stop_on_eos, _BOOL),
                      stop_strings=(self.stop_strings, _STRINGS), detokenize=(self.detokenize, _BOOL))
         if self.stop_strings and not self.detokenize:

@@ -20,11 +20,12 @@ from specdecode.server.service import ServeConfig, build_service
 
 def bench_served(config: ServeConfig, prompts: list[tuple[str, ...]], concurrency: list[int], requests: int | None,
                  max_tokens: int) -> list[Level]:
-    """Start a server as configured on a free local port, benchmark it (serve_client.bench), stop it. The clients
+    """Start a server as configured on a free local port, benchmark it (serve_client.bench, each level and mode
+    with a cache_salt of its own: this server keeps prompts' KV for later requests), stop it. The clients
     are a process of their own (spawned: it imports no torch): as threads of the server's process they took its
     CPU and its GIL from the server's event loop and its decoding thread."""
     service = build_service(config)
     with BackgroundServer(create_app(service)) as server:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as clients:
             return clients.submit(bench_at, server.url, service.config.model_name, prompts, concurrency, requests,
-                                  max_tokens).result()
+                                  max_tokens, True).result()

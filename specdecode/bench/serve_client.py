@@ -7,7 +7,9 @@ A client plays a conversation: its turns one after another, each sent with the e
 own answers to them, as an agent sends its next edit of a file (one turn: a single request). Each level starts
 at the conversation after the last one the previous level sent (wrapping), so a server that learns from earlier
 requests (a suffix store) does not meet a level's conversations again; speculation on and off at one level send
-the same ones, as their tokens must be the same."""
+the same ones, as their tokens must be the same. Against a server that keeps prompts' KV for later requests, each
+level and mode can send a `cache_salt` of its own (vLLM's field), so the mode that runs second does not find the
+first one's prompts cached."""
 from __future__ import annotations
 
 import http.client
@@ -109,8 +111,10 @@ def one_request(url: str, body: dict, timeout: float = 900.0) -> tuple[Sample, s
                   float(usage.get("tau", 0.0)), int(usage.get("prompt_tokens", 0)), int(cached)), "".join(text)
 
 
-def conversation(url: str, model: str, turns: Sequence[str], max_tokens: int, speculation: bool) -> list[Sample]:
-    """Every turn in order, each sent after the earlier turns and the server's answers to them."""
+def conversation(url: str, model: str, turns: Sequence[str], max_tokens: int, speculation: bool,
+                 salt: str | None = None) -> list[Sample]:
+    """Every turn in order, each sent after the earlier turns and the server's answers to them (with `salt` as
+    its cache_salt)."""
     messages: list[dict[str, str]] = []
     samples = []
     for turn in turns:
@@ -119,6 +123,8 @@ def conversation(url: str, model: str, turns: Sequence[str], max_tokens: int, sp
                    "stream": True, "stream_options": {"include_usage": True}}
         if not speculation:
             request["speculation"] = {"drafter": "none"}
+        if salt is not None:
+            request["cache_salt"] = salt
         sample, answer = one_request(url, request)
         samples.append(sample)
         messages.append({"role": "assistant", "content": answer})
@@ -133,11 +139,12 @@ def level_conversations(conversations: Sequence[Sequence[str]], start: int, coun
 
 
 def run_level(url: str, model: str, conversations: Sequence[Sequence[str]], concurrency: int, max_tokens: int,
-              speculation: bool) -> Level:
+              speculation: bool, salt: str | None = None) -> Level:
     """`concurrency` clients playing the conversations (conversation()); a sample per turn."""
     began = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        played = list(pool.map(lambda turns: conversation(url, model, turns, max_tokens, speculation), conversations))
+        played = list(pool.map(lambda turns: conversation(url, model, turns, max_tokens, speculation, salt),
+                               conversations))
     return Level(concurrency, speculation, tuple(s for samples in played for s in samples),
                  time.perf_counter() - began)
 
@@ -157,8 +164,9 @@ def markdown(levels: list[Level]) -> str:
 
 
 def bench(url: str, model: str, conversations: Sequence[Sequence[str]], concurrency: list[int],
-          requests: int | None, max_tokens: int) -> list[Level]:
-    """Each level: `requests` conversations (default max(4, 2 x clients)), speculation on and off."""
+          requests: int | None, max_tokens: int, salted: bool = False) -> list[Level]:
+    """Each level: `requests` conversations (default max(4, 2 x clients)), speculation on and off; salted: each
+    level and mode with a cache_salt of its own (a server that takes the field)."""
     one_request(url, {"model": model, "messages": [{"role": "user", "content": conversations[0][0]}],
                       "max_tokens": 4, "temperature": 0, "stream": True})  # warm-up
     levels, start = [], 0
@@ -167,7 +175,8 @@ def bench(url: str, model: str, conversations: Sequence[Sequence[str]], concurre
         chosen = level_conversations(conversations, start, n)
         start += n
         for speculation in (True, False) if len(levels) % 4 == 0 else (False, True):  # alternate the order
-            levels.append(run_level(url, model, chosen, c, max_tokens, speculation))
+            salt = f"level{len(levels)}" if salted else None
+            levels.append(run_level(url, model, chosen, c, max_tokens, speculation, salt))
     return levels
 
 

@@ -94,6 +94,9 @@ class SequenceContext:
     # this step allows no draft passes (a server's K policy found a model's drafts do not pay at its batch size,
     # while free ones do): a drafter with a free part (Capabilities.free_drafts) drafts with it alone
     free_only: bool = False
+    # a drafter's cache rows left by finished sequences serve only sequences with the same salt
+    # (GenerationConfig.cache_salt)
+    cache_salt: str | None = None
 
     @property
     def cache_len(self) -> int:

@@ -51,7 +51,8 @@ class Engine:
         self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
         self._free_rows = list(range(self.max_batch))
         self._next_id = 0
-        self._parked: dict[int, list[int]] = {}  # free row -> the tokens whose KV it still holds, in order
+        # free row -> (its sequence's cache salt, the tokens whose KV it holds, in order), parked longest ago first
+        self._parked: dict[int, tuple[str | None, list[int]]] = {}
         # the time rule's plain-step costs (seconds per token) of the last sequence that timed some: a new
         # sequence starts from them instead of decoding plainly for a few steps to measure its own
         self._plain_costs: list[float] = []
@@ -119,8 +120,9 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         constraint = None if generation.structure is None else \
             self.grammars.constraint(generation.structure, self.spec.grammar_draft)
-        row, shared, source = self._take_row(prompt_ids)
-        ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache)
+        row, shared, source = self._take_row(prompt_ids, generation.cache_salt)
+        ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache,
+                              cache_salt=generation.cache_salt)
         self._next_id += 1
         length = SpeculationLength(self.spec, plain=deque(self._plain_costs))
         seq = Sequence(ctx, generation, length, GenerationMetrics(), len(prompt_ids))
@@ -146,10 +148,12 @@ class Engine:
             self.cache.release(row)
         self.drafter.forget_prefixes()
 
-    def _take_row(self, prompt_ids: list[int]) -> tuple[int, int, int | None]:
+    def _take_row(self, prompt_ids: list[int], salt: str | None) -> tuple[int, int, int | None]:
         """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source):
-        prefix_rows.choose_row over the parked rows, for all but the prompt's last token (the first step's root)."""
-        choice = choose_row(self._free_rows, self._parked, prompt_ids[:-1])
+        prefix_rows.choose_row over the parked rows, for all but the prompt's last token (the first step's root).
+        A row parked under another cache salt is offered as holding nothing usable."""
+        held = {row: tokens if parked_salt == salt else () for row, (parked_salt, tokens) in self._parked.items()}
+        choice = choose_row(self._free_rows, held, prompt_ids[:-1])
         self._free_rows.remove(choice.row)
         self._parked.pop(choice.row, None)
         if choice.evict:
@@ -232,7 +236,8 @@ class Engine:
             row = seq.ctx.row
             if self.prefix_reuse and seq.finish_reason != "error":  # its KV stays for the next prompt's prefix
                 self._parked.pop(row, None)  # parked last: evicted last
-                self._parked[row] = seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled]
+                self._parked[row] = (seq.generation.cache_salt,
+                                     seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled])
             else:
                 self.cache.release(row)
             self._free_row(row)

@@ -59,7 +59,8 @@ class DraftModel(RowStateDrafter):
         head = draft.model.get_output_embeddings()
         self.shortlist = head if isinstance(head, ShortlistHead) else None
         self.cache = draft.new_cache(rows=1, capacity=256)
-        self._held: dict[int, list[int]] = {}  # free row -> the tokens whose KV it holds (its last sequence's)
+        # free row -> (its last sequence's cache salt, the tokens whose KV it holds)
+        self._held: dict[int, tuple[str | None, list[int]]] = {}
         super().__init__()
 
     def start(self, seq: SequenceContext) -> None:
@@ -67,21 +68,22 @@ class DraftModel(RowStateDrafter):
         conversation's next turn continues stays its, and this one starts from a copy of the prefix they share
         (a dynamic cache; a static one's row is taken whole)."""
         self._pool.grow()
-        choice = choose_row(self._pool.free, self._held, seq.tokens)
+        held = {row: tokens if salt == seq.cache_salt else () for row, (salt, tokens) in self._held.items()}
+        choice = choose_row(self._pool.free, held, seq.tokens)
         if choice.source is not None and self.cache.static:
             choice = RowChoice(choice.source, choice.shared)
         self._pool.free.remove(choice.row)
-        cached = self._held.pop(choice.row, [])  # draft_rows keeps what the prompt shares
+        cached = self._held.pop(choice.row, (None, []))[1]  # draft_rows keeps what the prompt shares
         if choice.source is not None:
             self.cache.copy_prefix(choice.source, choice.row, choice.shared)
-            cached = self._held[choice.source][: choice.shared]
+            cached = self._held[choice.source][1][: choice.shared]
         elif choice.evict:
             cached = []
         seq.state = _State(choice.row, cached)
 
     def finish(self, seq: SequenceContext) -> None:
         if seq.state is not None:
-            self._held[seq.state.row] = seq.state.cached
+            self._held[seq.state.row] = (seq.cache_salt, seq.state.cached)
         super().finish(seq)
 
     def forget_prefixes(self) -> None:

@@ -635,7 +635,7 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
                                   logit_bias=bias)
         generation = GenerationConfig(max_new_tokens=max_tokens or min(service.config.default_max_tokens, room),
                                       stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x),
-                                      structure=shape.structure, logprobs=shape.logprobs)
+                                      structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt)
     except ConfigError as error:
         raise bad_request(str(error)) from None
     return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k)

@@ -19,8 +19,9 @@ Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_b
 and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K, "trace": true}` chooses the drafter ("none" disables
 speculation), sets the request's draft length and, in a stream, traces each token's origin (SpeculationTrace);
-`top_k` and `ignore_eos` (as in vLLM); and `usage.tau` (+ target passes, acceptance rate, drafter, grammar-forced
-tokens) in responses.
+`top_k`, `ignore_eos` and `cache_salt` (as in vLLM: kept prompt KV serves only requests with the same salt); and
+`usage.tau` (+ target passes, acceptance rate, drafter, grammar-forced tokens) and OpenAI's
+`usage.prompt_tokens_details.cached_tokens` in responses.
 """
 from __future__ import annotations
 
@@ -113,6 +114,8 @@ class _Sampling(_Request):
     user: str | None = None
     speculation: SpeculationOptions | None = None  # extension
     ignore_eos: bool | None = False  # extension (as in vLLM): decode max_tokens tokens even past EOS
+    # extension (as in vLLM): the request reuses kept prompt KV of requests with the same salt only
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # extension (as in vLLM)
     guided_json: dict[str, Any] | bool | str | None = None  # vLLM's older names for structured_outputs

@@ -12,9 +12,10 @@ from tests.e2e.server_util import MODEL, reference, serving, tiny_service
 FIRST = "the cat sat on the mat. the cat sat on the"
 
 
-def _complete(url: str, prompt: list[int], max_tokens: int = 16) -> dict:
+def _complete(url: str, prompt: list[int], max_tokens: int = 16, salt: str | None = None) -> dict:
     reply = httpx.post(url + "/v1/completions", timeout=60, json={
-        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        **({"cache_salt": salt} if salt is not None else {})})
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -56,6 +57,24 @@ def test_parked_rows_give_way_under_the_kv_budget(tiny_packed_target):
         _complete(server.url, prompts[2])
         assert engine.parked_bytes <= budget and service.scheduler.kv_reserved == 0
         held = sorted(next(i for i, p in enumerate(prompts) if tokens[: len(p)] == p)
-                      for tokens in engine._parked.values())
+                      for _, tokens in engine._parked.values())
         assert held == [1, 2]  # the first request's row made room; the second kept its KV
 
+
+
+def test_a_cache_salt_keeps_prefixes_apart(tiny_packed_target):
+    """Kept KV serves only requests with the same cache_salt (none is a salt too): who shares none cannot tell from
+    the time to first token what another sent. An empty salt is a 400 naming the field."""
+    prompt = tiny_packed_target.tokenizer(FIRST)["input_ids"]
+    service = tiny_service(tiny_packed_target, max_batch=4)
+
+    def cached(url: str, salt: str | None) -> int:
+        return _complete(url, prompt, salt=salt)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with serving(service) as server:
+        assert cached(server.url, "alice") == 0
+        assert cached(server.url, "bob") == 0 and cached(server.url, None) == 0
+        assert cached(server.url, "alice") == cached(server.url, "bob") == cached(server.url, None) == len(prompt) - 1
+        reply = httpx.post(server.url + "/v1/completions", timeout=60,
+                           json={"model": MODEL, "prompt": prompt, "max_tokens": 4, "cache_salt": ""})
+    assert reply.status_code == 400 and "cache_salt" in reply.json()["error"]["message"]

@@ -182,3 +182,18 @@ def test_a_draft_models_row_stays_with_its_conversation(tiny_target, tiny_tokeni
     fresh = Engine(tiny_target, tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
     assert answer == fresh.generate(new, SamplingConfig(), CONFIG).token_ids
     assert again == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
+
+
+def test_a_cache_salt_keeps_the_draft_models_rows_apart(tiny_target, tiny_tokenizer, tiny_draft_dir):
+    """A draft row left under one cache salt does not feed a prompt with another (GenerationConfig.cache_salt)."""
+    ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    drafter = tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir)
+    reusing = Engine(tiny_target, drafter, SPEC)
+    fed = _fed(drafter)
+    salted = [GenerationConfig(max_new_tokens=8, stop_on_eos=False, cache_salt=salt) for salt in ("a", "b", "b")]
+    firsts = []  # the tokens each prompt's first draft pass fed
+    for generation in salted:
+        fed.clear()
+        reusing.generate(ids, SamplingConfig(), generation)
+        firsts.append(fed[0])
+    assert firsts[0] == firsts[1] == len(ids) and firsts[2] < len(ids)

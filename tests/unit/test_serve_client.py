@@ -65,7 +65,7 @@ def test_a_conversation_sends_the_history_with_the_servers_answers(fake_url):
 def test_each_level_sends_the_next_conversations(fake_url):
     conversations = [("a",), ("b", "b2"), ("c",)]
     assert level_conversations(conversations, 2, 3) == [("c",), ("a",), ("b", "b2")]
-    levels = bench(fake_url, "m", conversations, [1, 2], requests=2, max_tokens=4)
+    levels = bench(fake_url, "m", conversations, [1, 2], requests=2, max_tokens=4, salted=True)
     assert [(level.concurrency, level.speculation, len(level.samples)) for level in levels] == [
         (1, True, 3), (1, False, 3), (2, False, 2), (2, True, 2)]  # a sample per turn
     assert all(level.cached_share == 0.4 for level in levels)
@@ -73,3 +73,5 @@ def test_each_level_sends_the_next_conversations(fake_url):
     firsts = [body["messages"][0]["content"] for body in _FakeServer.seen[1:] if len(body["messages"]) == 1]
     # after the warm-up: level 1 (one client, on then off) a, b twice; level 2 (two clients, off then on) c and a
     assert firsts[:4] == ["a", "b", "a", "b"] and sorted(firsts[4:6]) == sorted(firsts[6:]) == ["a", "c"]
+    salts = [body.get("cache_salt") for body in _FakeServer.seen]  # the warm-up, then each level and mode its own
+    assert salts == [None] + ["level0"] * 3 + ["level1"] * 3 + ["level2"] * 2 + ["level3"] * 2
