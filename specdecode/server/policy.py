@@ -255,6 +255,9 @@ class DrafterEvidence:
 
 
 PAID_MEMORY = 0.9  # per drafting step, decay of DraftCost's share of steps that paid draft passes
+# scheduler steps after which DraftCost forgets samples no step has renewed: samples come only from steps that
+# draft, so a cost that keeps every step from drafting would otherwise stand for good
+SAMPLE_LIFE = 256
 
 
 @dataclass
@@ -269,10 +272,18 @@ class DraftCost:
     Slower samples are the machine's noise or such catch-ups, never a cheaper draft, so the least is the cost.
     Steps of free drafts alone are no samples: taken for the cost of drafting with passes, a hybrid's 0.4 ms at
     4 rows sent the cap from 1 to 4, steps of 290 ms against 100. By batch size: one draft pass over four rows
-    costs more than over one, and more rows make a step with some model draft likelier."""
+    costs more than over one, and more rows make a step with some model draft likelier.
+
+    Samples come only from steps that draft, so a cost that prices every step out of drafting could not be
+    corrected: one `draft-model` bench-serve run of the Qwen pair drafted nothing at 1 and 4 clients (tau 1.00)
+    where the runs around it drafted at tau 3.6-4.6. Samples no step has renewed for SAMPLE_LIFE steps are
+    forgotten (`tick`), and drafting is tried again: at most a catch-up step and a steady one per SAMPLE_LIFE
+    steps where drafting does not pay."""
 
     samples: dict[int, collections.deque[float]] = field(default_factory=dict)
     paid: dict[int, float] = field(default_factory=dict)  # by batch size: the decaying share of paying steps
+    renewed: dict[int, int] = field(default_factory=dict)  # by batch size: the step of its last sample
+    steps: int = 0
 
     def ms_per_k(self, batch: int) -> float:
         """The least at this batch size times its paying share; at a size not measured yet, the nearest measured
@@ -291,6 +302,13 @@ class DraftCost:
     def observe(self, batch: int, ms_per_k: float) -> None:
         """A paying step's drafting time per unit of K."""
         self.samples.setdefault(batch, collections.deque(maxlen=DRAFT_SAMPLES)).append(ms_per_k)
+        self.renewed[batch] = self.steps
+
+    def tick(self) -> None:
+        """A scheduler step went by: forget the samples of sizes no step has renewed for SAMPLE_LIFE steps."""
+        self.steps += 1
+        for batch in [b for b, step in self.renewed.items() if self.steps - step >= SAMPLE_LIFE]:
+            del self.samples[batch], self.renewed[batch]
 
 
 def calibrate(target: Target, batches: Sequence[int] = (1, 2, 4, 8, 16),

@@ -531,6 +531,7 @@ class Scheduler:
             self._draft_cost.observe_step(len(results), bool(drafted_ms))
         if drafted_ms and steady and not cap.free_only:  # no drafter caught up on a prompt or on plain steps
             self._draft_cost.observe(len(results), max(drafted_ms))
+        self._draft_cost.tick()
 
     def _isolate(self, slots: list[_Slot], draft_len) -> tuple[list[tuple[_Slot, StepOutcome]], int]:
         """A batched step raised before committing anything: step each row alone, fail the ones that raise."""

@@ -182,3 +182,22 @@ def test_steps_of_free_drafts_are_not_the_cost_of_drafting(tiny_target):
         assert 0 < scheduler._draft_cost.ms_per_k(1) < paying and scheduler._draft_cost.paid[1] < 0.5
     finally:
         loop.close()
+
+
+def test_a_cost_that_no_step_renews_is_forgotten():
+    """A cost that keeps every step from drafting gets no new sample: after SAMPLE_LIFE steps without one it is
+    forgotten and drafting is tried again; a size whose samples keep coming keeps them."""
+    from specdecode.server.policy import SAMPLE_LIFE
+
+    cost = DraftCost()
+    cost.observe(1, 500.0)
+    cost.observe(4, 40.0)
+    for _ in range(SAMPLE_LIFE - 1):
+        cost.tick()
+        cost.observe(4, 40.0)
+    assert cost.ms_per_k(1) == 500.0
+    cost.tick()
+    assert cost.ms_per_k(1) == 10.0 and cost.ms_per_k(4) == 40.0  # size 1 now priced from size 4's, by the rows
+    for _ in range(SAMPLE_LIFE):
+        cost.tick()
+    assert cost.ms_per_k(1) == cost.ms_per_k(4) == 0.0  # nothing renewed: drafting is tried
