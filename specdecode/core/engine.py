@@ -151,9 +151,8 @@ class Engine:
     def _take_row(self, prompt_ids: list[int], salt: str | None) -> tuple[int, int, int | None]:
         """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source):
         prefix_rows.choose_row over the parked rows, for all but the prompt's last token (the first step's root).
-        A row parked under another cache salt is offered as holding nothing usable."""
-        held = {row: tokens if parked_salt == salt else () for row, (parked_salt, tokens) in self._parked.items()}
-        choice = choose_row(self._free_rows, held, prompt_ids[:-1])
+        A row parked under another cache salt holds nothing this prompt may use."""
+        choice = choose_row(self._free_rows, self._parked, prompt_ids[:-1], salt)
         self._free_rows.remove(choice.row)
         self._parked.pop(choice.row, None)
         if choice.evict:

@@ -22,18 +22,22 @@ class RowChoice:
     evict: bool = False  # `row` held other tokens, of no use now: free them
 
 
-def choose_row(free: Sequence[int], held: Mapping[int, Sequence[int]], prompt: Sequence[int]) -> RowChoice:
-    """free: the free rows (at least one); held: free rows -> the tokens whose KV they hold, left longest ago
-    first; prompt: the tokens whose KV the new sequence needs.
+def choose_row(free: Sequence[int], held: Mapping[int, tuple[str | None, Sequence[int]]], prompt: Sequence[int],
+               salt: str | None = None) -> RowChoice:
+    """free: the free rows (at least one); held: free rows -> (the cache salt of the sequence that left them, the
+    tokens whose KV they hold), left longest ago first; prompt: the tokens whose KV the new sequence needs, under
+    `salt` (a row left under another salt holds nothing it may use: GenerationConfig.cache_salt).
 
-    Example: free [0, 1, 2], held {0: [5, 6, 7, 8], 1: [5, 9]}, prompt [5, 6, 7, 1] -> row 0 whole (3 of its
-    4 tokens); prompt [5, 3] -> row 2 (empty) with a copy of row 0's first token (row 0 came first of equals)."""
+    Example: free [0, 1, 2], held {0: (None, [5, 6, 7, 8]), 1: (None, [5, 9])}, prompt [5, 6, 7, 1] -> row 0
+    whole (3 of its 4 tokens); prompt [5, 3] -> row 2 (empty) with a copy of row 0's first token (row 0 came
+    first of equals)."""
+    usable = {row: tokens if row_salt == salt else () for row, (row_salt, tokens) in held.items()}
     best, shared = None, 0
     for row in free:
-        length = common_prefix(held.get(row, ()), prompt)
+        length = common_prefix(usable.get(row, ()), prompt)
         if length > shared:
             best, shared = row, length
-    if best is not None and (2 * shared >= len(held[best]) or len(free) == 1):
+    if best is not None and (2 * shared >= len(usable[best]) or len(free) == 1):
         return RowChoice(best, shared)
     empty = [row for row in free if row not in held]
     if empty:

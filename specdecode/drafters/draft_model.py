@@ -68,8 +68,7 @@ class DraftModel(RowStateDrafter):
         conversation's next turn continues stays its, and this one starts from a copy of the prefix they share
         (a dynamic cache; a static one's row is taken whole)."""
         self._pool.grow()
-        held = {row: tokens if salt == seq.cache_salt else () for row, (salt, tokens) in self._held.items()}
-        choice = choose_row(self._pool.free, held, seq.tokens)
+        choice = choose_row(self._pool.free, self._held, seq.tokens, seq.cache_salt)
         if choice.source is not None and self.cache.static:
             choice = RowChoice(choice.source, choice.shared)
         self._pool.free.remove(choice.row)

@@ -284,10 +284,6 @@ class Scheduler:
         """KV bytes reserved by the admitted requests."""
         return sum(s.ticket.kv_bytes for s in list(self._active))
 
-    def _fits(self, ticket: Ticket) -> bool:
-        """Whether the request's KV fits beside the admitted requests' and the parked rows'."""
-        return self._room(ticket.kv_bytes)
-
     def _room(self, extra: int = 0) -> bool:
         """Whether `extra` bytes fit in the KV budget beside the admitted requests' reservations and the bytes the
         parked rows hold (finished requests' KV kept for the next prompts' prefixes), freeing parked rows, oldest
@@ -399,7 +395,7 @@ class Scheduler:
         while len(self._active) < self.config.max_batch:
             with self._wake:
                 self._prune_pending()
-                if not self._pending or not self._fits(self._pending[0]):  # the head waits for memory to free
+                if not self._pending or not self._room(self._pending[0].kv_bytes):  # the head waits for memory to free
                     return
                 ticket = self._pending.popleft()
             job = ticket.job

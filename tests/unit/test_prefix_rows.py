@@ -5,7 +5,7 @@ import pytest
 
 from specdecode.core.prefix_rows import RowChoice, choose_row
 
-HELD = {0: [5, 6, 7, 8], 1: [5, 9]}  # row 0 left first
+HELD = {0: (None, [5, 6, 7, 8]), 1: (None, [5, 9])}  # row 0 left first
 
 
 @pytest.mark.parametrize("free,prompt,expected", [
@@ -20,3 +20,11 @@ HELD = {0: [5, 6, 7, 8], 1: [5, 9]}  # row 0 left first
 ])
 def test_choose_row(free, prompt, expected):
     assert choose_row(free, {r: t for r, t in HELD.items() if r in free}, prompt) == expected
+
+
+def test_a_row_left_under_another_salt_holds_nothing_usable():
+    held = {0: ("a", [5, 6, 7, 8]), 1: ("b", [5, 9])}
+    assert choose_row([0, 1, 2], held, [5, 6, 7, 1], salt="a") == RowChoice(0, 3)
+    assert choose_row([0, 1, 2], held, [5, 6, 7, 1], salt="b") == RowChoice(1, 1)  # b's own row, not a's
+    assert choose_row([0, 1, 2], held, [5, 6, 7, 1], salt="c") == RowChoice(2, 0)  # an empty row, both kept
+    assert choose_row([0, 1], held, [5, 6, 7, 1], salt="c") == RowChoice(0, 0, evict=True)  # the oldest
