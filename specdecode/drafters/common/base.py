@@ -31,24 +31,19 @@ class RowPool:
     rows: int = 0
     free: list[int] = field(default_factory=list)
 
-    def take(self, prefer: Callable[[int], int] | None = None) -> int:
-        """A free row (the one `prefer` scores highest, the first of equals), else a new one."""
-        if not self.free:
-            self.free.append(self.rows)
-            self.rows += 1
-        if prefer is None:
-            return self.free.pop()
-        best = max(self.free, key=prefer)
-        self.free.remove(best)
-        return best
+    def take(self) -> int:
+        """A free row, else a new one."""
+        self.grow()
+        return self.free.pop()
 
     def give(self, row: int) -> None:
         self.free.append(row)
 
     def grow(self) -> None:
-        """A new free row, when none is free."""
+        """A new free row, when none is free (a drafter that picks among the free rows itself calls this first)."""
         if not self.free:
-            self.give(self.take())
+            self.free.append(self.rows)
+            self.rows += 1
 
 
 class BaseDrafter:
