@@ -33,7 +33,7 @@ from specdecode.core.drafting import Capabilities, Draft, SequenceContext
 from specdecode.core.target import Target
 from specdecode.drafters import draft_model, suffix
 from specdecode.drafters.common.base import BaseDrafter, DrafterSpec
-from specdecode.drafters.common.free_or_model import seed_length, take_free
+from specdecode.drafters.common.free_or_model import Hindsight, seed_length, take_free
 from specdecode.drafters.common.row_budget import DepthYield
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.suffix import Suffix, SuffixPlan
@@ -73,9 +73,11 @@ class _State:
     free: Any  # suffix's own state of the sequence
     model: Any  # the draft model's
     record: DepthYield  # the draft model's acceptance by depth, in this sequence
-    shared: bool  # its results also teach the drafter's record (not a seeded sampled sequence's)
+    hindsight: Hindsight  # how the free drafts the rule took fared against their estimates, in this sequence
+    shared: bool  # its results also teach the drafter's record and hindsight (not a seeded sampled sequence's)
     seeded: int = 0  # the chain in flight: seed tokens ahead of the model's
     drafted: int = 0  # its length, seed included (0: none in flight, or the free draft)
+    estimated: float | None = None  # the free draft in flight, when the rule took it: its accepted tokens expected
 
 
 class Hybrid(BaseDrafter):
@@ -89,6 +91,7 @@ class Hybrid(BaseDrafter):
         # free_drafts: a step that allows no draft pass (ctx.free_only) gets suffix's draft or none
         self.capabilities = replace(Capabilities.union([free.capabilities, model.capabilities]), free_drafts=True)
         self.record = DepthYield((self.config.prior_rate,))  # over every unseeded sequence of this drafter
+        self.hindsight = Hindsight()  # likewise
         self.free_drafts = self.model_drafts = self.seeded_drafts = 0  # steps that drafted each way
 
     def max_nodes(self, k: int) -> int:
@@ -99,6 +102,7 @@ class Hybrid(BaseDrafter):
         counts: a benchmark's warm-up must not seed them."""
         self.free.clear()
         self.record = DepthYield((self.config.prior_rate,))
+        self.hindsight = Hindsight()
         self.free_drafts = self.model_drafts = self.seeded_drafts = 0
 
     def forget_prefixes(self) -> None:
@@ -109,7 +113,8 @@ class Hybrid(BaseDrafter):
         prior = [self.record.rate(j) for j in range(1, self.depth + 1)] if shared else [self.config.prior_rate]
         _, free = _as_part(seq, None, self.free.start)
         _, model = _as_part(seq, None, self.model.start)
-        seq.state = _State(free, model, DepthYield(prior), shared)
+        seq.state = _State(free, model, DepthYield(prior), Hindsight(self.hindsight.factor() if shared else 1.0),
+                           shared)
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         """Each sequence's free draft, or its row in one lockstep run of the draft model over every sequence that
@@ -138,7 +143,7 @@ class Hybrid(BaseDrafter):
     def choose(self, plan: SuffixPlan, reach: Sequence[float], costs: tuple[float, Sequence[float]],
                k: int) -> Choice:
         """The rule (free_or_model.py): the free draft if it is worth at least the model's chain, else the chain,
-        seeded when the configuration says so."""
+        seeded when the configuration says so. plan: the free draft with its estimates as Hindsight scales them."""
         draft_pass, verify = costs
         if take_free(plan.estimates, reach, draft_pass, verify):
             return Choice(free=True)
@@ -151,6 +156,7 @@ class Hybrid(BaseDrafter):
         """The sequence's draft when it is free (or empty), else the seed the draft model's chain starts with."""
         state: _State = seq.state
         state.seeded = state.drafted = 0
+        state.estimated = None
         plan, state.free = _as_part(seq, state.free, self.free.plan)
         if seq.k <= 0:
             return Draft()
@@ -158,9 +164,11 @@ class Hybrid(BaseDrafter):
             self.free_drafts += len(plan.draft) > 0
             return self._send(seq, plan)
         reach = _cumulative(state.record.rate(j) for j in range(1, seq.k + 1))
-        choice = self.choose(plan, reach, self._costs(seq), seq.k)
+        trusted = replace(plan, estimates=state.hindsight.scaled(plan.estimates))  # the node order stays
+        choice = self.choose(trusted, reach, self._costs(seq), seq.k)
         if choice.free:
             self.free_drafts += 1
+            state.estimated = plan.expected
             return self._send(seq, plan)
         self.model_drafts += 1
         self.seeded_drafts += choice.seed > 0
@@ -181,6 +189,10 @@ class Hybrid(BaseDrafter):
         state: _State = seq.state
         _, state.free = _as_part(seq, state.free, lambda s: self.free.observe(s, accepted))
         _, state.model = _as_part(seq, state.model, lambda s: self.model.observe(s, accepted))
+        if state.estimated is not None:
+            state.hindsight.add(state.estimated, accepted)
+            if state.shared:
+                self.hindsight.add(state.estimated, accepted)
         own = state.drafted - state.seeded  # the model's tokens, tried only past an accepted seed
         if own > 0 and accepted >= state.seeded:
             state.record.add(own, accepted - state.seeded)

@@ -11,7 +11,14 @@ from specdecode.config import DrafterConfig, SamplingConfig, SpecConfig
 from specdecode.core.drafting import Draft, SequenceContext
 from specdecode.drafters import build_drafter, suffix_of
 from specdecode.drafters.common.base import BaseDrafter
-from specdecode.drafters.common.free_or_model import free_value, model_value, seed_length, take_free
+from specdecode.drafters.common.free_or_model import (
+    HINDSIGHT_KEEP,
+    Hindsight,
+    free_value,
+    model_value,
+    seed_length,
+    take_free,
+)
 from specdecode.drafters.common.row_budget import ChainBudget
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.hybrid import FLAT, Hybrid, HybridConfig
@@ -61,6 +68,20 @@ def test_take_free(estimates, reach, draft_pass, free):
 ])
 def test_seed_length(path, reach, limit, n):
     assert seed_length(path, reach, limit) == n
+
+
+def test_hindsight():
+    hindsight = Hindsight()
+    assert hindsight.factor() == 1.0 and hindsight.scaled((0.9, 0.5)) == (0.9, 0.5)
+    hindsight.add(2.0, 0)
+    assert hindsight.factor() == pytest.approx(0.8)  # the docstring's example
+    assert hindsight.scaled((0.9, 0.5)) == pytest.approx((0.72, 0.4))
+    for _ in range(200):  # estimates that came true since: the early miss fades
+        hindsight.add(2.0, 2)
+    assert hindsight.factor() == pytest.approx(1.0 - 2.0 * HINDSIGHT_KEEP ** 200 / (8 + hindsight.estimated))
+    hindsight.add(1.0, 5)  # more accepted than estimated never raises the estimates
+    assert hindsight.factor() == 1.0
+    assert Hindsight(start=0.5).factor() == 0.5
 
 
 class StandInModel(BaseDrafter):
@@ -220,3 +241,38 @@ def test_clear_forgets_what_earlier_sequences_taught():
     hybrid.clear()
     assert hybrid.record.rate(1) == HybridConfig().prior_rate and hybrid.model_drafts == 0
     assert hybrid.free.stats().sequences == 0
+
+
+class Spy(Hybrid):
+    """A hybrid whose rule records the estimates it was given, and suffix's own (raw) estimates of that step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.raw: list[tuple[float, ...]] = []
+        plan = self.free.plan
+        self.free.plan = lambda seq: self._keep(plan(seq))
+
+    def _keep(self, plan):
+        self.raw.append(plan.estimates)
+        return plan
+
+    def choose(self, plan, reach, costs, k):
+        self.given = plan.estimates
+        return super().choose(plan, reach, costs, k)
+
+
+def test_free_drafts_that_missed_lower_the_estimates_the_rule_weighs():
+    """A free draft the rule took and the target rejected scales later estimates by Hindsight, in its sequence
+    and in the next sequences that share the drafter's record; a seeded sampled sequence starts unscaled."""
+    hybrid = Spy(Suffix(SuffixConfig(row_cost=FIXED_ROW_COST)), StandInModel(MODEL_CHAIN, fixed_chain(0.3)), depth=4)
+    draft, seq = _propose(hybrid, LONG_MATCH)
+    assert draft.free and hybrid.given == hybrid.raw[-1]  # nothing learned yet: unscaled
+    assert seq.state.estimated == pytest.approx(sum(hybrid.raw[-1]))
+    hybrid.observe(seq, 0)
+    factor = seq.state.hindsight.factor()
+    assert factor < 1 and hybrid.hindsight.factor() == factor
+    _, fresh = _propose(hybrid, LONG_MATCH)
+    assert fresh.state.hindsight.start == factor
+    assert hybrid.given == pytest.approx(tuple(p * factor for p in hybrid.raw[-1])) and min(hybrid.raw[-1]) > 0
+    _, seeded = _propose(hybrid, LONG_MATCH, sampling=SamplingConfig(temperature=1.0, seed=3))
+    assert seeded.state.hindsight.start == 1.0
