@@ -151,6 +151,12 @@ class RowCostEstimate:
         fresh = max(0.0, (now - when) / self.window_s - 1)  # whole windows past the first without evidence
         return PRIOR_ROW_COST + (last - PRIOR_ROW_COST) * 0.5 ** fresh
 
+    def settle(self, measured: float) -> None:
+        """A measurement of the same cost taken elsewhere (ChainCostEstimate's verify curve) stands for the one a
+        first ask would time: the same passes are not timed twice (the Qwen 1.5B's took 0.6 s)."""
+        if self._last is None:
+            self._last = (self.clock(), max(0.0, measured))
+
     def peek(self) -> float | None:
         """The estimate as it stands, without measuring anything (None: nothing known yet): for another thread
         than the one that decodes (a /metrics scrape must not run a pass)."""
@@ -211,6 +217,8 @@ class ChainCostEstimate:
         if self._measured is None:
             draft_pass, verify = self.measure()
             self._measured = (draft_pass, list(verify))
+            if len(verify) > 1:  # one more verify row's cost, as RowCostEstimate defines it, at this curve's width
+                self.target_passes.settle((verify[-1] - 1) / (len(verify) - 1))
         draft_pass, verify = self._measured
         now = self.target_passes.clock()
         with self._lock:

@@ -157,6 +157,8 @@ class Hybrid(BaseDrafter):
         state: _State = seq.state
         state.seeded = state.drafted = 0
         state.estimated = None
+        # read before suffix plans: their first measurement settles the row cost it plans with (pass_costs)
+        costs = self._costs(seq) if seq.k > 0 and not seq.free_only else FLAT
         plan, state.free = _as_part(seq, state.free, self.free.plan)
         if seq.k <= 0:
             return Draft()
@@ -165,7 +167,7 @@ class Hybrid(BaseDrafter):
             return self._send(seq, plan)
         reach = _cumulative(state.record.rate(j) for j in range(1, seq.k + 1))
         trusted = replace(plan, estimates=state.hindsight.scaled(plan.estimates))  # the node order stays
-        choice = self.choose(trusted, reach, self._costs(seq), seq.k)
+        choice = self.choose(trusted, reach, costs, seq.k)
         if choice.free:
             self.free_drafts += 1
             state.estimated = plan.expected

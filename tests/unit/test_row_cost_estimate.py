@@ -147,3 +147,16 @@ def test_the_draft_price_leaves_with_its_window_and_needs_both_models():
         clock.now += 0.1
         chain.observe_draft(0.012)  # the draft alone says nothing about what a target pass costs
     assert chain()[0] == 0.3
+
+
+def test_the_chain_measurement_settles_the_row_cost_without_timing_it_again():
+    clock = Clock()
+    timed = []
+    passes = RowCostEstimate(lambda: timed.append(1) or 0.14, clock=clock)
+    chain = ChainCostEstimate(lambda: (0.3, [1.0, 1.1, 1.2, 1.4]), passes)
+    chain()
+    assert passes.value == pytest.approx((1.4 - 1) / 3) and timed == []  # a 4-token pass's extra rows
+    passes = RowCostEstimate(lambda: 0.14, clock=clock)
+    assert passes.value == pytest.approx(0.14)
+    passes.settle(0.5)  # a first ask's measurement stands
+    assert passes.value == pytest.approx(0.14)
