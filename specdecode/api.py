@@ -45,7 +45,8 @@ class SpecDecoder:
         check_kv_half(model)
         resolved = drafter.name
         if resolved == AUTO:
-            resolved = best_drafter_name(model.device.partition(":")[0], drafter.draft_model is not None)
+            resolved = best_drafter_name(model.device.partition(":")[0], drafter.draft_model is not None,
+                                         spec.confidence != 0)
         check_options_read(drafter.given(spec), [resolved])
         if model.on_cuda and not torch.cuda.is_available():
             raise OptionError("{device} cuda requested but no CUDA device is available", "device")

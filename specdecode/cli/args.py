@@ -25,8 +25,8 @@ def add_model_args(parser: argparse.ArgumentParser, drafter_default: str) -> Non
                         help=f"packaged model ({', '.join(PACKAGED)}), HF model dir, .gguf file or hub id (default: "
                              "smollm2-135m-instruct)")
     parser.add_argument("--drafter", default=drafter_default, choices=[*registry(), AUTO],
-                        help=f"drafting method ({AUTO}: draft-model when --draft-model is given, else the best "
-                             "measured one for the device, drafters.BEST_DRAFTER)")
+                        help=f"drafting method ({AUTO}: with --draft-model hybrid on the CPU, else draft-model; "
+                             "without, the best measured one for the device, drafters.BEST_DRAFTER)")
     parser.add_argument("--draft-model", "--draft-head", default=None,
                         help="draft model for --drafter draft-model or hybrid (a packaged name, dir, .gguf or hub "
                              "id); for eagle, eagle3, medusa a trained head's directory (eagle3: SGLang/SpecForge "
@@ -121,7 +121,7 @@ def resolved_drafter(args: argparse.Namespace) -> str:
     """--drafter with `auto` resolved for the device and --draft-model (drafters.best_drafter_name)."""
     if args.drafter != AUTO:
         return args.drafter
-    return best_drafter_name(args.device.partition(":")[0], args.draft_model is not None)
+    return best_drafter_name(args.device.partition(":")[0], args.draft_model is not None, args.confidence != 0)
 
 
 def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: str | None = None) -> None:

@@ -65,12 +65,14 @@ def memory_size(text: str) -> int:
 
 
 def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeConfig:
-    """The serve flags as a ServeConfig, `auto` resolved and every option checked (before anything loads)."""
+    """The serve flags as a ServeConfig, every option checked (before anything loads; `auto` stays, as what it
+    builds may depend on the draft model's tokenizer: service.build_drafters)."""
     allowed = tuple(n.strip() for n in args.allow_drafters.split(",") if n.strip())
     config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
                          args.kv_cache_memory, api_key, allowed_hosts(args))
-    return config.resolved()
+    config.resolved()  # for its checks
+    return config
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -142,7 +144,7 @@ def replica_flags(args: argparse.Namespace, cores: int | None = None) -> Scaling
 
 def _serve_replicas(args: argparse.Namespace, config: ServeConfig, scaling: Scaling) -> int:
     """Serve the app over engine replicas on Ray Serve (replicas.py); blocks until interrupted. Each replica
-    builds the same (resolved, checked) ServeConfig."""
+    builds the same (checked) ServeConfig."""
     try:  # Ray is an optional dependency: imported only when --replicas is given
         import ray
         from ray import serve

@@ -20,6 +20,7 @@ from specdecode.drafters import (
     suffix,
 )
 from specdecode.drafters.common.base import DrafterSpec
+from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.hybrid import Hybrid
 from specdecode.drafters.suffix import Suffix
 from specdecode.errors import ConfigError, ModelError, OptionError
@@ -76,21 +77,33 @@ def suffix_of(drafter: Drafter) -> Suffix | None:
 
 
 BEST_DRAFTER = {"cpu": "prompt-lookup", "cuda": "prompt-lookup"}
+# with a draft model: the hybrid where it was measured not to lose to the draft model alone
+BEST_WITH_DRAFT_MODEL = {"cpu": "hybrid"}
 
 
-def best_drafter_name(device_type: str, has_draft_model: bool = False) -> str:
-    """A draft model, when one is given (the user chose it: a same-family draft is what speculation is for).
-    Otherwise the fastest drafter measured by `specdecode bench` on the default model, per device
-    (BEST_DRAFTER): on the CPU EAGLE's higher tau does not pay for its draft steps and wider passes, and on CUDA
-    its tree drafting is bound by host work. Kept per device so a new measurement changes one entry.
+def best_drafter_name(device_type: str, has_draft_model: bool = False, confidence: bool = False) -> str:
+    """A draft model, when one is given (the user chose it: a same-family draft is what speculation is for): on
+    the CPU `hybrid`, which drafts with it where suffix decoding's free draft is worth less (BEST_WITH_DRAFT_MODEL;
+    `draft-model` with a --confidence threshold, which the hybrid does not read, and, at build time, with a draft
+    model of another tokenizer). Otherwise the fastest drafter measured by `specdecode bench` on the default model,
+    per device (BEST_DRAFTER): on the CPU EAGLE's higher tau does not pay for its draft steps and wider passes, and
+    on CUDA its tree drafting is bound by host work. Kept per device so a new measurement changes one entry.
     Re-measure with `specdecode bench` on the whole built-in set (command and figures: docs/benchmarks.md)."""
     if has_draft_model:
-        return "draft-model"
+        return "draft-model" if confidence else BEST_WITH_DRAFT_MODEL.get(device_type, "draft-model")
     return BEST_DRAFTER.get(device_type, "prompt-lookup")
 
 
 def _build_best(target: Target, config: DrafterConfig, spec: SpecConfig) -> Drafter:
-    name = best_drafter_name(target.device.type, config.draft_model is not None)
+    name = best_drafter_name(target.device.type, config.draft_model is not None, spec.confidence != 0)
+    if name == "hybrid":  # the draft model first: one of another tokenizer drafts across them, and no hybrid can
+        model = get_spec("draft-model").build(target, replace(config, name="draft-model"), spec)
+        if isinstance(model, DraftModel):
+            return hybrid.around(target, model, config, spec)
+        if config.suffix_store is not None:
+            raise OptionError("{suffix_store} has no effect here: {drafter} auto drafts with this draft model alone, "
+                              "which has another tokenizer than the target", "suffix_store", "drafter")
+        return model
     if name == "draft-model":  # the user's draft model: its errors are theirs to see
         return get_spec(name).build(target, replace(config, name=name), spec)
     try:

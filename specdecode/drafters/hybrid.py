@@ -252,6 +252,12 @@ def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> Hybrid:
     if not isinstance(model, DraftModel):
         raise ConfigError("hybrid needs a draft model with the target's tokenizer (its chain continues the free "
                           "draft's tokens); this one drafts across tokenizers")
+    return around(target, model, config, spec)
+
+
+def around(target: Target, model: DraftModel, config: DrafterConfig, spec: SpecConfig) -> Hybrid:
+    """The hybrid of `model`, already built, and suffix as the registry builds it (`auto` builds the draft model
+    first: only then is it known whether it shares the target's tokenizer)."""
     free = suffix.SPEC.build(target, replace(config, name="suffix"), spec)
     return Hybrid(free, model, HybridConfig(), spec.max_k if spec.adaptive else spec.k)
 

@@ -13,6 +13,7 @@ import torch
 
 from specdecode.backends.cpu.own_thread import run_in_own_thread
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
+from specdecode.core.drafting import Drafter
 from specdecode.core.target import Target
 from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read, registry
 from specdecode.errors import ConfigError, OptionError
@@ -72,7 +73,8 @@ class ServeConfig:
         drafter option checked against the drafters that read it: what to build, checked before anything loads."""
         name = self.drafter.name
         if name == AUTO:
-            name = best_drafter_name(self.model.device.partition(":")[0], self.drafter.draft_model is not None)
+            name = best_drafter_name(self.model.device.partition(":")[0], self.drafter.draft_model is not None,
+                                     self.spec.confidence != 0)
         config = dataclasses.replace(self, drafter=dataclasses.replace(self.drafter, name=name))
         check_options_read(self.drafter.given(self.spec), list(config.drafters))
         return config
@@ -101,6 +103,7 @@ def build_service(config: ServeConfig) -> Service:
 
 
 def _build_service(config: ServeConfig) -> Service:
+    auto = config.drafter.name == AUTO
     config = config.resolved()
     if config.model.on_cuda and not torch.cuda.is_available():
         raise OptionError("{device} cuda requested but no CUDA device is available", "device")
@@ -108,16 +111,28 @@ def _build_service(config: ServeConfig) -> Service:
     loaded = load_model(config.model)
     fast = config.model.fast_path  # compiled per (batch size, block bucket) as they first occur
     target = Target(loaded.model, loaded.tokenizer, fast, kv_half=config.model.kv_half)
-    drafters = {name: build_drafter(target, dataclasses.replace(config.drafter, name=name), config.spec)
-                for name in config.drafters}
+    drafters = build_drafters(target, config, auto)
     limits = ServerConfig(config.served_name or loaded.name, config.max_batch, config.max_queue,
                           config.default_max_tokens, api_key=config.api_key,
                           kv_cache_bytes=config.kv_cache_bytes or default_kv_memory(config.model.device),
                           allowed_hosts=config.allowed_hosts)
-    service = assemble(target, drafters, config.drafter.name, limits, config.spec, _policy(config, target))
+    service = assemble(target, drafters, next(iter(drafters)), limits, config.spec, _policy(config, target))
     if fast.enabled:
         service.scheduler.engine.warmup()
     return service
+
+
+def build_drafters(target: Target, config: ServeConfig, auto: bool) -> dict[str, Drafter]:
+    """Name -> drafter, the default first. An `auto` default is built as `auto` (its name resolved, `hybrid`
+    with a draft model on the CPU, becomes `draft-model` when that model has another tokenizer) and named by
+    what it built."""
+    default = build_drafter(target, dataclasses.replace(config.drafter, name=AUTO if auto else config.drafter.name),
+                            config.spec)
+    drafters = {default.name: default}
+    for name in config.drafters[1:]:
+        if name not in drafters:
+            drafters[name] = build_drafter(target, dataclasses.replace(config.drafter, name=name), config.spec)
+    return drafters
 
 
 def _policy(config: ServeConfig, target: Target) -> SpecPolicy | None:

@@ -7,12 +7,13 @@ import pytest
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
-from specdecode.drafters import build_drafter
+from specdecode.drafters import AUTO, build_drafter
 from specdecode.drafters.common.text_bridge import appended_text, committed_text, continuation_ids, encode
 from specdecode.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdecode.drafters.draft_model import DraftModel
 from specdecode.drafters.none import SPEC as NONE_SPEC
-from specdecode.errors import ConfigError
+from specdecode.errors import ConfigError, OptionError
+from specdecode.server.service import ServeConfig, build_drafters
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 from tests.tiny_pair import bpe_tokenizer, char_tokenizer, tiny_pair
 
@@ -129,6 +130,20 @@ def test_draft_model_switches_to_text_drafting_when_tokenizers_differ(pair, tmp_
     same_dir = save_tiny(tmp_path / "same", tiny_llama(vocab_size=target.vocab_size, layers=1, seed=7),
                          target.tokenizer)
     assert isinstance(build_drafter(target, DrafterConfig(name="draft-model", draft_model=same_dir)), DraftModel)
+
+
+def test_auto_with_a_draft_model_of_another_tokenizer_drafts_with_it_alone(pair, tmp_path):
+    """`auto` with a draft model is `hybrid` on the CPU, which needs the target's tokenizer: with another one it
+    builds the draft model's text drafting instead, and refuses the suffix store it would not read."""
+    target, draft = pair
+    draft_dir = save_tiny(tmp_path / "draft", draft.model, draft.tokenizer)
+    assert isinstance(build_drafter(target, DrafterConfig(AUTO, draft_model=draft_dir)), CrossTokenizerDrafter)
+    with pytest.raises(OptionError, match="suffix_store has no effect here"):
+        build_drafter(target, DrafterConfig(AUTO, draft_model=draft_dir, suffix_store=1000))
+    config = ServeConfig(drafter=DrafterConfig(AUTO, draft_model=draft_dir), allowed=("draft-model",))
+    assert config.resolved().drafters == ("hybrid", "draft-model")  # resolved by name, before anything loads
+    drafters = build_drafters(target, config.resolved(), auto=True)  # named by what was built
+    assert list(drafters) == ["draft-model"] and isinstance(drafters["draft-model"], CrossTokenizerDrafter)
 
 
 def test_needs_both_tokenizers(pair):
