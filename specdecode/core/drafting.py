@@ -160,6 +160,16 @@ class Drafter(Protocol):
         """Drop what finished sequences left for later ones to start from (a draft model's cached prompt KV);
         what the drafter learned stays. The benchmark calls it after its untimed warm-up."""
 
+    def kv_bytes_per_slot(self) -> int:
+        """Bytes of the drafter's own KV cache per token of a sequence (0: it keeps none that grows with the
+        sequence): a server's KV budget reserves them beside the target's."""
+
+    def parked_bytes(self) -> int:
+        """Bytes of its cache that finished sequences' rows hold for later ones (forget_prefixes' rows)."""
+
+    def evict_parked(self) -> bool:
+        """Free the row a finished sequence left longest ago; False if none is held."""
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two sequences share."""

@@ -17,7 +17,6 @@ import torch
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.detok import StopText
 from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext
-from specdecode.core.kv_cache import kv_bytes_per_slot
 from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.penalties import check_bias, path_tokens, penalize
@@ -96,9 +95,10 @@ class Engine:
         """Cache slots a sequence may use: its prompt and new tokens, plus room for a step's block."""
         return prompt_len + generation.max_new_tokens + KV_SLACK
 
-    def kv_bytes(self, prompt_len: int, generation: GenerationConfig) -> int:
-        """Bytes of the target's KV cache that a sequence may use (what a server budgets at admission)."""
-        per_slot = kv_bytes_per_slot(self.target.config, self.target.num_layers, self.target.kv_dtype)
+    def kv_bytes(self, prompt_len: int, generation: GenerationConfig, drafter: Drafter | None = None) -> int:
+        """Bytes of KV cache a sequence may use, the target's and `drafter`'s own (a draft model's): what a server
+        budgets at admission."""
+        per_slot = self.target.kv_bytes_per_slot + (drafter.kv_bytes_per_slot() if drafter is not None else 0)
         return self.kv_slots(prompt_len, generation) * per_slot
 
     def start(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
@@ -161,13 +161,16 @@ class Engine:
 
     @property
     def parked_bytes(self) -> int:
-        """KV bytes held by finished requests' rows for the next prompts' prefixes."""
-        return sum(self.cache.row_nbytes(row) for row in self._parked)
+        """KV bytes held by finished requests' rows for the next prompts' prefixes, the target's and the
+        drafter's."""
+        return sum(self.cache.row_nbytes(row) for row in self._parked) + self.drafter.parked_bytes()
 
     def evict_parked(self) -> bool:
-        """Free the KV of the row parked longest ago (a server's KV budget needs the room); False if none is."""
+        """Free the KV of the row parked longest ago, the target's and the drafter's (a server's KV budget needs
+        the room); False if neither holds one."""
+        drafter = self.drafter.evict_parked()
         if not self._parked:
-            return False
+            return drafter
         row = next(iter(self._parked))
         del self._parked[row]
         self.cache.release(row)

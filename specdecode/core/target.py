@@ -16,7 +16,7 @@ from specdecode.backends.cpu.decoder import unsupported as packed_decoder_unsupp
 from specdecode.backends.cpu.skinny import SkinnyLinears
 from specdecode.backends.cuda.fast_path import bucket_for, raise_recompile_limits
 from specdecode.config import FastPathConfig
-from specdecode.core.kv_cache import RollbackCache
+from specdecode.core.kv_cache import RollbackCache, kv_bytes_per_slot
 from specdecode.core.pass_costs import RowCostEstimate, measure_row_cost, skinny_rows
 from specdecode.core.trees import Block, build_block, pad_block
 from specdecode.errors import ConfigError
@@ -133,6 +133,11 @@ class Target:
         """What the KV cache holds: fp16 under the native decoder with kv_half, else the model's dtype
         (the fast path's static cache runs the model's own forward)."""
         return self._packed.kv_dtype if self._packed is not None and not self.fast.enabled else self.dtype
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        """Bytes one cached token takes over all layers, keys and values."""
+        return kv_bytes_per_slot(self.config, self.num_layers, self.kv_dtype)
 
     @property
     def packed_decoder(self) -> bool:

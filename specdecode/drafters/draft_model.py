@@ -86,7 +86,23 @@ class DraftModel(RowStateDrafter):
         super().finish(seq)
 
     def forget_prefixes(self) -> None:
-        self._held.clear()
+        while self.evict_parked():
+            pass
+
+    def kv_bytes_per_slot(self) -> int:
+        return self.draft.kv_bytes_per_slot
+
+    def parked_bytes(self) -> int:
+        return sum(self.cache.row_nbytes(row) for row in self._held)
+
+    def evict_parked(self) -> bool:
+        """Free the KV of the row a finished sequence left longest ago (it stays a free row, holding nothing)."""
+        if not self._held:
+            return False
+        row = next(iter(self._held))
+        del self._held[row]
+        self.cache.release(row)
+        return True
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return self.draft_rows(seqs)

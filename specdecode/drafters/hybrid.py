@@ -108,6 +108,15 @@ class Hybrid(BaseDrafter):
     def forget_prefixes(self) -> None:
         self.model.forget_prefixes()
 
+    def kv_bytes_per_slot(self) -> int:
+        return self.model.kv_bytes_per_slot()
+
+    def parked_bytes(self) -> int:
+        return self.model.parked_bytes()
+
+    def evict_parked(self) -> bool:
+        return self.model.evict_parked()
+
     def start(self, seq: SequenceContext) -> None:
         shared = not seq.sampling.seeded
         prior = [self.record.rate(j) for j in range(1, self.depth + 1)] if shared else [self.config.prior_rate]

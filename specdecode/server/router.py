@@ -64,6 +64,16 @@ class RoutingDrafter:
         for drafter in self.drafters.values():
             drafter.forget_prefixes()
 
+    def kv_bytes_per_slot(self) -> int:
+        """The most any of its drafters keeps (a request's own: the scheduler asks its chosen drafter)."""
+        return max(d.kv_bytes_per_slot() for d in self.drafters.values())
+
+    def parked_bytes(self) -> int:
+        return sum(d.parked_bytes() for d in self.drafters.values())
+
+    def evict_parked(self) -> bool:
+        return any(d.evict_parked() for d in self.drafters.values())
+
     def finish(self, seq: SequenceContext) -> None:
         if seq.extra.get(_STARTED):
             self._of(seq).finish(seq)

@@ -34,9 +34,11 @@ prompts' prefixes (Engine.prefix_reuse) counts too, and is freed, oldest first, 
 One that can never fit is refused (TooLarge: 413);
 one that does not fit now waits in the queue, first come first served (a later, smaller request does not pass
 it, so a long prompt is not starved), and only a full queue is refused (429), as vLLM and TGI queue requests
-for memory; the cache cannot outgrow its budget. (The budget counts
-the target's cache; drafters with caches of their own, and the fast path's static cache, which keeps
-max_batch rows at the largest capacity it has needed, are not counted.)
+for memory; the cache cannot outgrow its budget. The budget counts
+the target's cache and a draft model's (`hybrid`'s too): a request reserves its chosen drafter's bytes per token
+beside the target's, and the draft model's rows kept for the next prompts are parked rows like the target's.
+(EAGLE's one-layer cache, a cross-tokenizer draft's, and the fast path's static cache, which keeps max_batch rows
+at the largest capacity it has needed, are not counted.)
 
 Liveness: `stalled()` names a worker that has spent more than `stall_s` in one round (a chunk and a step) while
 work is pending, or that has died; /health reports it.
@@ -271,7 +273,7 @@ class Scheduler:
     def _size_kv(self, ticket: Ticket) -> None:
         """The KV the request will reserve when admitted; refused (TooLarge) when it exceeds the whole budget."""
         job = ticket.job
-        need = self.engine.kv_bytes(len(job.prompt_ids), job.generation)
+        need = self.engine.kv_bytes(len(job.prompt_ids), job.generation, self.router.drafters.get(job.drafter))
         budget = self.config.kv_cache_bytes
         if budget is not None and need > budget:
             raise TooLarge(f"the prompt ({len(job.prompt_ids)} tokens) and max_tokens "

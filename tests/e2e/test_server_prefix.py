@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import httpx
 
-from specdecode.config import GenerationConfig
+from specdecode.config import DrafterConfig, GenerationConfig
 from specdecode.core.kv_cache import GROWTH_ROUND
-from tests.e2e.server_util import MODEL, reference, serving, tiny_service
+from specdecode.drafters import build_drafter
+from tests.e2e.server_util import MODEL, SPEC, reference, serving, tiny_service
 
 FIRST = "the cat sat on the mat. the cat sat on the"
 
@@ -78,3 +79,22 @@ def test_a_cache_salt_keeps_prefixes_apart(tiny_packed_target):
         reply = httpx.post(server.url + "/v1/completions", timeout=60,
                            json={"model": MODEL, "prompt": prompt, "max_tokens": 4, "cache_salt": ""})
     assert reply.status_code == 400 and "cache_salt" in reply.json()["error"]["message"]
+
+
+def test_a_draft_models_kv_counts_in_the_budget(tiny_packed_target, tiny_draft_dir):
+    """A request that drafts with a draft model reserves the draft's KV beside the target's: under a budget between
+    the two sums it is refused (413) while a request that drafts without one is served."""
+    prompt = tiny_packed_target.tokenizer(FIRST)["input_ids"]
+    drafters = {name: build_drafter(tiny_packed_target, DrafterConfig(name, draft_model=draft), SPEC)
+                for name, draft in (("prompt-lookup", None), ("draft-model", tiny_draft_dir))}
+    sizing = tiny_service(tiny_packed_target, drafters).scheduler.engine
+    generation = GenerationConfig(16)
+    target_only = sizing.kv_bytes(len(prompt), generation)
+    both = sizing.kv_bytes(len(prompt), generation, drafters["draft-model"])
+    assert both > target_only
+    service = tiny_service(tiny_packed_target, drafters, kv_cache_bytes=(target_only + both) // 2)
+    with serving(service) as server:
+        _complete(server.url, prompt)
+        reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": 16, "speculation": {"drafter": "draft-model"}})
+    assert reply.status_code == 413 and "bytes of KV cache" in reply.json()["error"]["message"]

@@ -197,3 +197,31 @@ def test_a_cache_salt_keeps_the_draft_models_rows_apart(tiny_target, tiny_tokeni
         reusing.generate(ids, SamplingConfig(), generation)
         firsts.append(fed[0])
     assert firsts[0] == firsts[1] == len(ids) and firsts[2] < len(ids)
+
+
+def test_a_draft_models_kv_is_reserved_and_its_kept_rows_give_way(tiny_packed_target, tiny_tokenizer,
+                                                                   tiny_draft_dir):
+    """A server's KV budget counts the draft model's cache: a request reserves its bytes per token beside the
+    target's (Engine.kv_bytes with the request's drafter), and the rows it keeps for the next turn are parked
+    bytes that Engine.evict_parked frees with the target's. The next turn is then fed whole, and decodes the same."""
+    ids = tiny_tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    drafter = tiny_drafter(tiny_packed_target, "draft-model", SPEC, tiny_draft_dir)
+    reusing = Engine(tiny_packed_target, drafter, SPEC)
+    slots = reusing.kv_slots(len(ids), CONFIG)
+    draft_per_slot = drafter.draft.kv_bytes_per_slot
+    assert draft_per_slot > 0 and drafter.kv_bytes_per_slot() == draft_per_slot
+    assert reusing.kv_bytes(len(ids), CONFIG, drafter) == reusing.kv_bytes(len(ids), CONFIG) + slots * draft_per_slot
+    fed = _fed(drafter)
+    first = reusing.generate(ids, SamplingConfig(), CONFIG)
+    target_parked = reusing.parked_bytes - drafter.parked_bytes()
+    assert drafter.parked_bytes() > 0 and target_parked > 0
+    assert reusing.evict_parked() and reusing.parked_bytes == drafter.parked_bytes() == 0
+    assert not reusing.evict_parked()
+    turn = ids + first.token_ids + tiny_tokenizer(" and the dog")["input_ids"]
+    fed.clear()
+    again = reusing.generate(turn, SamplingConfig(), CONFIG)
+    assert again.metrics.cached_prompt_tokens == 0 and fed[0] == len(turn)  # nothing left of the first turn
+    fresh = Engine(tiny_packed_target, tiny_drafter(tiny_packed_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
+    assert again.token_ids == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
+    reusing.forget_prefixes()
+    assert reusing.parked_bytes == 0  # the benchmark's forgetting frees the buffers too

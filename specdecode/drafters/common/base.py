@@ -61,6 +61,15 @@ class BaseDrafter:
     def forget_prefixes(self) -> None:
         pass
 
+    def kv_bytes_per_slot(self) -> int:
+        return 0
+
+    def parked_bytes(self) -> int:
+        return 0
+
+    def evict_parked(self) -> bool:
+        return False
+
     def observe(self, seq: SequenceContext, accepted: int) -> None:
         pass
 
