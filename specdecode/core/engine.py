@@ -20,7 +20,7 @@ from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext
 from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.penalties import check_bias, path_tokens, penalize
-from specdecode.core.prefix_rows import choose_row
+from specdecode.core.prefix_rows import choose_row, release_oldest
 from specdecode.core.sampling import make_generator
 from specdecode.core.sequence import Committed, Origin, Result, Sequence, StepOutcome
 from specdecode.core.speculation import SpeculationLength
@@ -169,12 +169,7 @@ class Engine:
         """Free the KV of the row parked longest ago, the target's and the drafter's (a server's KV budget needs
         the room); False if neither holds one."""
         drafter = self.drafter.evict_parked()
-        if not self._parked:
-            return drafter
-        row = next(iter(self._parked))
-        del self._parked[row]
-        self.cache.release(row)
-        return True
+        return release_oldest(self._parked, self.cache) or drafter
 
     def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:
         """Prefill the next `tokens` prompt tokens (None: all that are left) of a prefilling sequence in a pass of

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specdecode.core.drafting import common_prefix
+from specdecode.core.kv_cache import RollbackCache
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,14 @@ def choose_row(free: Sequence[int], held: Mapping[int, tuple[str | None, Sequenc
         return RowChoice(empty[0], shared, best)
     oldest = next(row for row in held if row != best and row in free)
     return RowChoice(oldest, shared, best, evict=True)
+
+
+def release_oldest(held: dict[int, Any], cache: RollbackCache) -> bool:
+    """Free the KV of the row left longest ago (held: rows -> what they hold, oldest first; the row stays a free
+    row, holding nothing): a server's KV budget needs the room. False if no row is held."""
+    if not held:
+        return False
+    row = next(iter(held))
+    del held[row]
+    cache.release(row)
+    return True

@@ -24,7 +24,7 @@ import torch
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Draft, SequenceContext
 from specdecode.core.pass_costs import ChainCostEstimate, measure_chain_costs
-from specdecode.core.prefix_rows import RowChoice, choose_row
+from specdecode.core.prefix_rows import RowChoice, choose_row, release_oldest
 from specdecode.core.target import Target
 from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
 from specdecode.drafters.common.model_step import choose, feed_rows
@@ -96,13 +96,7 @@ class DraftModel(RowStateDrafter):
         return sum(self.cache.row_nbytes(row) for row in self._held)
 
     def evict_parked(self) -> bool:
-        """Free the KV of the row a finished sequence left longest ago (it stays a free row, holding nothing)."""
-        if not self._held:
-            return False
-        row = next(iter(self._held))
-        del self._held[row]
-        self.cache.release(row)
-        return True
+        return release_oldest(self._held, self.cache)
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return self.draft_rows(seqs)
