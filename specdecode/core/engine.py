@@ -20,7 +20,7 @@ from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext
 from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.penalties import check_bias, path_tokens, penalize
-from specdecode.core.prefix_rows import choose_row, release_oldest
+from specdecode.core.prefix_rows import KeptRows
 from specdecode.core.sampling import make_generator
 from specdecode.core.sequence import Committed, Origin, Result, Sequence, StepOutcome
 from specdecode.core.speculation import SpeculationLength
@@ -50,8 +50,7 @@ class Engine:
         self.cache = self.target.new_cache(rows=self.max_batch, capacity=256)
         self._free_rows = list(range(self.max_batch))
         self._next_id = 0
-        # free row -> (its sequence's cache salt, the tokens whose KV it holds, in order), parked longest ago first
-        self._parked: dict[int, tuple[str | None, list[int]]] = {}
+        self._parked = KeptRows(self.cache)  # free rows that hold a finished sequence's KV, parked longest ago first
         # the time rule's plain-step costs (seconds per token) of the last sequence that timed some: a new
         # sequence starts from them instead of decoding plainly for a few steps to measure its own
         self._plain_costs: list[float] = []
@@ -143,18 +142,16 @@ class Engine:
     def forget_prefixes(self) -> None:
         """Empty the rows that hold a finished request's KV, the target's and the drafter's (the benchmark, after
         its untimed warm-up)."""
-        for row in list(self._parked):
-            del self._parked[row]
-            self.cache.release(row)
+        self._parked.release_all()
         self.drafter.forget_prefixes()
 
     def _take_row(self, prompt_ids: list[int], salt: str | None) -> tuple[int, int, int | None]:
         """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source):
         prefix_rows.choose_row over the parked rows, for all but the prompt's last token (the first step's root).
         A row parked under another cache salt holds nothing this prompt may use."""
-        choice = choose_row(self._free_rows, self._parked, prompt_ids[:-1], salt)
+        choice = self._parked.choose(self._free_rows, prompt_ids[:-1], salt)
         self._free_rows.remove(choice.row)
-        self._parked.pop(choice.row, None)
+        self._parked.take(choice.row)
         if choice.evict:
             self.cache.release(choice.row)  # its old KV is of no use: free it now
         return choice.row, choice.shared, choice.source
@@ -163,13 +160,13 @@ class Engine:
     def parked_bytes(self) -> int:
         """KV bytes held by finished requests' rows for the next prompts' prefixes, the target's and the
         drafter's."""
-        return sum(self.cache.row_nbytes(row) for row in self._parked) + self.drafter.parked_bytes()
+        return self._parked.nbytes() + self.drafter.parked_bytes()
 
     def evict_parked(self) -> bool:
         """Free the KV of the row parked longest ago, the target's and the drafter's (a server's KV budget needs
         the room); False if neither holds one."""
         drafter = self.drafter.evict_parked()
-        return release_oldest(self._parked, self.cache) or drafter
+        return self._parked.release_oldest() or drafter
 
     def prefill_chunk(self, seq: Sequence, tokens: int | None = None) -> bool:
         """Prefill the next `tokens` prompt tokens (None: all that are left) of a prefilling sequence in a pass of
@@ -232,9 +229,8 @@ class Engine:
                 seq.finish_reason = "abort"
             row = seq.ctx.row
             if self.prefix_reuse and seq.finish_reason != "error":  # its KV stays for the next prompt's prefix
-                self._parked.pop(row, None)  # parked last: evicted last
-                self._parked[row] = (seq.generation.cache_salt,
-                                     seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled])
+                self._parked.keep(row, seq.generation.cache_salt,
+                                  seq.ctx.tokens[: seq.ctx.cache_len if seq.ready else seq.prefilled])
             else:
                 self.cache.release(row)
             self._free_row(row)

@@ -1,5 +1,6 @@
 """Which free cache row a new prompt takes, where finished sequences left their KV in their rows (the engine's
-parked rows, a draft model's held rows): a pure choice over the rows' token lists, shared by both caches.
+parked rows, a draft model's held rows): a pure choice over the rows' token lists (choose_row), and the rows
+themselves (KeptRows), shared by both caches.
 
 A prompt that continues a row's tokens (shares at least half of them: a conversation's next turn) takes that row
 whole. One that shares less (the chat template's system prompt: another conversation's row) gets a copy of the
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from specdecode.core.drafting import common_prefix
 from specdecode.core.kv_cache import RollbackCache
@@ -48,12 +48,46 @@ def choose_row(free: Sequence[int], held: Mapping[int, tuple[str | None, Sequenc
     return RowChoice(oldest, shared, best, evict=True)
 
 
-def release_oldest(held: dict[int, Any], cache: RollbackCache) -> bool:
-    """Free the KV of the row left longest ago (held: rows -> what they hold, oldest first; the row stays a free
-    row, holding nothing): a server's KV budget needs the room. False if no row is held."""
-    if not held:
-        return False
-    row = next(iter(held))
-    del held[row]
-    cache.release(row)
-    return True
+class KeptRows:
+    """The free rows of one cache that still hold a finished sequence's KV, left longest ago first: where a new
+    prompt looks for its prefix (choose_row), what a server's KV budget counts (nbytes) and frees, oldest first
+    (release_oldest). The engine keeps the target's parked rows in one, a draft model its own rows in another."""
+
+    def __init__(self, cache: RollbackCache):
+        self.cache = cache
+        # free row -> (the cache salt of the sequence that left it, the tokens whose KV it holds, in order)
+        self.held: dict[int, tuple[str | None, list[int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def keep(self, row: int, salt: str | None, tokens: list[int]) -> None:
+        """A finished sequence leaves `tokens`' KV in `row` (kept last: released last)."""
+        self.held.pop(row, None)
+        self.held[row] = (salt, tokens)
+
+    def choose(self, free: Sequence[int], prompt: Sequence[int], salt: str | None = None) -> RowChoice:
+        return choose_row(free, self.held, prompt, salt)
+
+    def take(self, row: int) -> list[int]:
+        """The row is in use again; -> the tokens whose KV it holds (none if it held nothing)."""
+        return self.held.pop(row, (None, []))[1]
+
+    def tokens(self, row: int) -> list[int]:
+        return self.held[row][1]
+
+    def nbytes(self) -> int:
+        return sum(self.cache.row_nbytes(row) for row in self.held)
+
+    def release_oldest(self) -> bool:
+        """Free the KV of the row left longest ago (it stays a free row, holding nothing); False if none is held."""
+        if not self.held:
+            return False
+        row = next(iter(self.held))
+        del self.held[row]
+        self.cache.release(row)
+        return True
+
+    def release_all(self) -> None:
+        while self.release_oldest():
+            pass

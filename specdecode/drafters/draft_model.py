@@ -24,7 +24,7 @@ import torch
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Draft, SequenceContext
 from specdecode.core.pass_costs import ChainCostEstimate, measure_chain_costs
-from specdecode.core.prefix_rows import RowChoice, choose_row, release_oldest
+from specdecode.core.prefix_rows import KeptRows, RowChoice
 from specdecode.core.target import Target
 from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
 from specdecode.drafters.common.model_step import choose, feed_rows
@@ -59,8 +59,7 @@ class DraftModel(RowStateDrafter):
         head = draft.model.get_output_embeddings()
         self.shortlist = head if isinstance(head, ShortlistHead) else None
         self.cache = draft.new_cache(rows=1, capacity=256)
-        # free row -> (its last sequence's cache salt, the tokens whose KV it holds)
-        self._held: dict[int, tuple[str | None, list[int]]] = {}
+        self._held = KeptRows(self.cache)  # free rows that hold a finished sequence's KV, left longest ago first
         super().__init__()
 
     def start(self, seq: SequenceContext) -> None:
@@ -68,35 +67,34 @@ class DraftModel(RowStateDrafter):
         conversation's next turn continues stays its, and this one starts from a copy of the prefix they share
         (a dynamic cache; a static one's row is taken whole)."""
         self._pool.grow()
-        choice = choose_row(self._pool.free, self._held, seq.tokens, seq.cache_salt)
+        choice = self._held.choose(self._pool.free, seq.tokens, seq.cache_salt)
         if choice.source is not None and self.cache.static:
             choice = RowChoice(choice.source, choice.shared)
         self._pool.free.remove(choice.row)
-        cached = self._held.pop(choice.row, (None, []))[1]  # draft_rows keeps what the prompt shares
+        cached = self._held.take(choice.row)  # draft_rows keeps what the prompt shares
         if choice.source is not None:
             self.cache.copy_prefix(choice.source, choice.row, choice.shared)
-            cached = self._held[choice.source][1][: choice.shared]
+            cached = self._held.tokens(choice.source)[: choice.shared]
         elif choice.evict:
             cached = []
         seq.state = _State(choice.row, cached)
 
     def finish(self, seq: SequenceContext) -> None:
         if seq.state is not None:
-            self._held[seq.state.row] = (seq.cache_salt, seq.state.cached)
+            self._held.keep(seq.state.row, seq.cache_salt, seq.state.cached)
         super().finish(seq)
 
     def forget_prefixes(self) -> None:
-        while self.evict_parked():
-            pass
+        self._held.release_all()
 
     def kv_bytes_per_slot(self) -> int:
         return self.draft.kv_bytes_per_slot
 
     def parked_bytes(self) -> int:
-        return sum(self.cache.row_nbytes(row) for row in self._held)
+        return self._held.nbytes()
 
     def evict_parked(self) -> bool:
-        return release_oldest(self._held, self.cache)
+        return self._held.release_oldest()
 
     def propose(self, seqs: Sequence[SequenceContext]) -> list[Draft]:
         return self.draft_rows(seqs)

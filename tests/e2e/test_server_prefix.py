@@ -58,7 +58,7 @@ def test_parked_rows_give_way_under_the_kv_budget(tiny_packed_target):
         _complete(server.url, prompts[2])
         assert engine.parked_bytes <= budget and service.scheduler.kv_reserved == 0
         held = sorted(next(i for i, p in enumerate(prompts) if tokens[: len(p)] == p)
-                      for _, tokens in engine._parked.values())
+                      for _, tokens in engine._parked.held.values())
         assert held == [1, 2]  # the first request's row made room; the second kept its KV
 
 

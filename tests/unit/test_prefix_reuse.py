@@ -79,13 +79,13 @@ def test_a_batch_keeps_each_rows_prefix_for_its_next_turn(tiny_packed_target, ti
     fresh = engine(tiny_packed_target, "prompt-lookup", max_batch=3, prefix_reuse=False)
     assert again == _together(fresh, turns[::-1])[0]
     # rows 0 and 1 parked (the second turns), row 2 empty: a new prompt takes row 2, the next evicts the oldest
-    order = list(reusing._parked)
+    order = list(reusing._parked.held)
     (_, _, (empty,)) = _together(reusing, [ids("zzz yyy")])
-    assert empty not in order and list(reusing._parked) == [*order, empty]
+    assert empty not in order and list(reusing._parked.held) == [*order, empty]
     (_, _, (oldest,)) = _together(reusing, [ids("qqq www")])
-    assert oldest == order[0] and list(reusing._parked) == [order[1], empty, oldest]
+    assert oldest == order[0] and list(reusing._parked.held) == [order[1], empty, oldest]
     held = reusing.parked_bytes
-    assert reusing.evict_parked() and 0 < reusing.parked_bytes < held and list(reusing._parked) == [empty, oldest]
+    assert reusing.evict_parked() and 0 < reusing.parked_bytes < held and list(reusing._parked.held) == [empty, oldest]
 
 
 def test_an_aborted_prefill_leaves_only_what_it_wrote(tiny_packed_target, tiny_tokenizer):

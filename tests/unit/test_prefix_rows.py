@@ -1,9 +1,9 @@
-"""Which free row a prompt takes (prefix_rows.choose_row), by table."""
+"""Which free row a prompt takes (prefix_rows.choose_row), by table; the kept rows themselves (KeptRows)."""
 from __future__ import annotations
 
 import pytest
 
-from specdecode.core.prefix_rows import RowChoice, choose_row
+from specdecode.core.prefix_rows import KeptRows, RowChoice, choose_row
 
 HELD = {0: (None, [5, 6, 7, 8]), 1: (None, [5, 9])}  # row 0 left first
 
@@ -28,3 +28,32 @@ def test_a_row_left_under_another_salt_holds_nothing_usable():
     assert choose_row([0, 1, 2], held, [5, 6, 7, 1], salt="b") == RowChoice(1, 1)  # b's own row, not a's
     assert choose_row([0, 1, 2], held, [5, 6, 7, 1], salt="c") == RowChoice(2, 0)  # an empty row, both kept
     assert choose_row([0, 1], held, [5, 6, 7, 1], salt="c") == RowChoice(0, 0, evict=True)  # the oldest
+
+
+class _Rows:
+    """A cache's rows as KeptRows sees them: bytes per row, and which were released."""
+
+    def __init__(self, nbytes: dict[int, int]):
+        self.bytes, self.released = nbytes, []
+
+    def row_nbytes(self, row: int) -> int:
+        return self.bytes[row]
+
+    def release(self, row: int) -> None:
+        self.released.append(row)
+
+
+def test_kept_rows_are_chosen_counted_and_released_oldest_first():
+    cache = _Rows({0: 100, 1: 10, 2: 1})
+    kept = KeptRows(cache)
+    kept.keep(0, None, [5, 6, 7, 8])
+    kept.keep(1, None, [5, 9])
+    kept.keep(0, None, [5, 6, 7, 8, 4])  # kept again: now the newest
+    assert list(kept.held) == [1, 0] and kept.nbytes() == 110 and len(kept) == 2
+    assert kept.choose([0, 1, 2], [5, 6, 7, 8, 4, 3]) == RowChoice(0, 5)
+    assert kept.take(0) == [5, 6, 7, 8, 4] and kept.take(2) == [] and list(kept.held) == [1]
+    assert kept.tokens(1) == [5, 9]
+    kept.keep(2, "a", [1])
+    assert kept.release_oldest() and cache.released == [1] and list(kept.held) == [2]
+    kept.release_all()
+    assert cache.released == [1, 2] and not kept.held and not kept.release_oldest()
