@@ -24,16 +24,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--draft-model", default=None)
-    parser.add_argument("--methods", default="none,draft-model,hybrid", help="drafters; the first gives the history")
+    parser.add_argument("--methods", default="none,draft-model,hybrid",
+                        help="drafters, each NAME or NAME@K (its own speculation length); the first gives the history")
     parser.add_argument("--category", default=None, help="comma list (agentic runs only when named)")
     parser.add_argument("--limit", type=int, default=None, help="questions per category")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=5)
     args = parser.parse_args()
     names = args.methods.split(",")
-    draft = {name: args.draft_model if get_spec(name).needs_draft_model else None for name in names}
-    decoders = {name: SpecDecoder.load(args.model, DrafterConfig(name, draft_model=draft[name]),
-                                       spec=SpecConfig(k=args.k)) for name in names}
+    decoders = {name: _load(args.model, args.draft_model, name, args.k) for name in names}
     tokenizer = decoders[names[0]].tokenizer
     questions = select(load_prompts(None, tuple(args.category.split(",")) if args.category else None), args.limit)
     greedy = SamplingConfig()
@@ -74,6 +73,13 @@ def main() -> None:
         print(f"{name}: {s['tokens'] / s['wall']:.1f} tokens/s, tau {s['tokens'] / s['passes']:.2f}, wall "
               f"{s['wall']:.1f} s: prefill {s['prefill_s']:.1f}, drafting {s['draft_s']:.1f}, verifying "
               f"{s['verify_s']:.1f}; equal to {names[0]} on {same[name]}/{turns} turns")
+
+
+def _load(model: str | None, draft_model: str | None, method: str, k: int) -> SpecDecoder:
+    """method: a drafter's name, or name@K for that drafter at speculation length K (several K in one run)."""
+    name, _, own_k = method.partition("@")
+    draft = draft_model if get_spec(name).needs_draft_model else None
+    return SpecDecoder.load(model, DrafterConfig(name, draft_model=draft), spec=SpecConfig(k=int(own_k or k)))
 
 
 if __name__ == "__main__":
