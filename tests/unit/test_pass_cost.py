@@ -1,4 +1,6 @@
 """One module times target passes for the row cost, the server's cost table and the benchmark's curve."""
+import torch
+
 from specdecode.bench.passcost import pass_costs
 from specdecode.core.pass_costs import time_passes
 from specdecode.server.policy import calibrate
@@ -11,3 +13,20 @@ def test_every_user_times_passes_the_same_way(tiny_target):
     assert (table.batches, table.qs) == ((1, 2), (1, 2)) and all(ms >= 0 for row in table.ms for ms in row)
     curve = pass_costs(tiny_target, qs=(1, 4), context=16, repeats=3)
     assert [c.q for c in curve] == [1, 4] and all(c.ms > 0 for c in curve)
+
+
+def test_rows_after_the_first_copy_its_cached_keys(tiny_target, monkeypatch):
+    """A row's prefill per row was most of a server's start-up on the Qwen 1.5B; the rows hold the same random
+    context, so one is computed and copied into the others, which then hold exactly its keys and values."""
+    caches, prefills = [], []
+    new_cache, forward = tiny_target.new_cache, tiny_target.forward
+    monkeypatch.setattr(tiny_target, "new_cache", lambda *a, **kw: caches.append(new_cache(*a, **kw)) or caches[-1])
+    monkeypatch.setattr(tiny_target, "forward", lambda cache, rows, block, **kw: (
+        prefills.append(rows) if kw.get("keep") == "last" else None, forward(cache, rows, block, **kw))[1])
+    time_passes(tiny_target, [(1, 1), (3, 2)], context=16, rounds=1)
+    assert prefills == [[0]]
+    (cache,) = caches
+    for layer in cache.layers:
+        first = [t[:, :16] for t in layer.row(0)]  # [kv_heads, 16, head_dim] keys, values
+        for row in (1, 2):
+            assert all(torch.equal(a, b[:, :16]) for a, b in zip(first, layer.row(row)))
