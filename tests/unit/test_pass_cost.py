@@ -16,17 +16,26 @@ def test_every_user_times_passes_the_same_way(tiny_target):
 
 
 def test_rows_after_the_first_copy_its_cached_keys(tiny_target, monkeypatch):
-    """A row's prefill per row was most of a server's start-up on the Qwen 1.5B; the rows hold the same random
-    context, so one is computed and copied into the others, which then hold exactly its keys and values."""
-    caches, prefills = [], []
+    """Every row holds the same random context, so it is computed once and copied (a prefill per row was most of
+    a server's start-up on the Qwen 1.5B); the other rows then hold exactly row 0's keys and values."""
+    caches, prefilled = [], []
     new_cache, forward = tiny_target.new_cache, tiny_target.forward
-    monkeypatch.setattr(tiny_target, "new_cache", lambda *a, **kw: caches.append(new_cache(*a, **kw)) or caches[-1])
-    monkeypatch.setattr(tiny_target, "forward", lambda cache, rows, block, **kw: (
-        prefills.append(rows) if kw.get("keep") == "last" else None, forward(cache, rows, block, **kw))[1])
+
+    def keep_cache(*args, **kwargs):
+        caches.append(new_cache(*args, **kwargs))
+        return caches[-1]
+
+    def count_prefills(cache, rows, block, **kwargs):
+        if kwargs.get("keep") == "last":  # the context's prefill; the timed passes keep every position
+            prefilled.append(rows)
+        return forward(cache, rows, block, **kwargs)
+
+    monkeypatch.setattr(tiny_target, "new_cache", keep_cache)
+    monkeypatch.setattr(tiny_target, "forward", count_prefills)
     time_passes(tiny_target, [(1, 1), (3, 2)], context=16, rounds=1)
-    assert prefills == [[0]]
+    assert prefilled == [[0]]
     (cache,) = caches
     for layer in cache.layers:
-        first = [t[:, :16] for t in layer.row(0)]  # [kv_heads, 16, head_dim] keys, values
+        first = [t[:, :16] for t in layer.row(0)]  # keys, values: [kv_heads, 16, head_dim]
         for row in (1, 2):
             assert all(torch.equal(a, b[:, :16]) for a, b in zip(first, layer.row(row)))
