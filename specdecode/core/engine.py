@@ -277,11 +277,16 @@ class Engine:
 
     def _plan(self, seqs: list[Sequence], draft_len: Callable[[Sequence], int] | None, clock: StepClock) -> StepPlan:
         """Plan: each sequence's speculation length, the drafter's proposals, each fitted to its grammar."""
-        first = [seq.metrics.new_tokens == 0 for seq in seqs]
         for seq in seqs:
             remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
             wanted = seq.length.k if draft_len is None else draft_len(seq)
-            seq.ctx.k = max(0, min(wanted, remaining - 1))
+            # the first token is the target's alone unless asked (SpecConfig.first_step_drafts), so the time to
+            # first token is plain decoding's; the drafter reads the prompt at its first draft, the next step
+            plain_first = seq.metrics.new_tokens == 0 and not self.spec.first_step_drafts
+            seq.ctx.k = 0 if plain_first else max(0, min(wanted, remaining - 1))
+        first = [seq.ctx.k > 0 and not seq.drafted for seq in seqs]  # the drafter reads the prompt now
+        for seq in seqs:
+            seq.drafted = seq.drafted or seq.ctx.k > 0
             if seq.length.paused:  # visible: why this step drafts nothing (GenerationMetrics.paused_steps)
                 paused = seq.metrics.paused_steps
                 paused[seq.length.reason] = paused.get(seq.length.reason, 0) + 1
@@ -378,9 +383,9 @@ class Engine:
         if done.error is None:
             # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
             # draws) must not depend on timing, or the same seed would not give the same text. A sequence's
-            # first step is not timed either: its drafter reads the prompt then (a draft model prefills it), a
-            # one-off cost that would make the first window look slow. The drafter's own draft is judged:
-            # tokens the grammar forced say nothing of it
+            # first drafting step is not timed either: its drafter reads the prompt then (a draft model
+            # prefills it), a one-off cost that would make the first window look slow. The drafter's own draft
+            # is judged: tokens the grammar forced say nothing of it
             timed = not (seq.ctx.sampling.seeded or plan.first[b])
             seq.length.update(mine.depth, len(verdict.accepted) - done.forced,
                               seconds=clock.finished - clock.began if timed else None, committed=len(done.tokens))
@@ -517,7 +522,8 @@ class StepClock:
 @dataclass(frozen=True)
 class StepPlan:
     """What the plan phase decided for the batch: per sequence its drafter's proposal, the proposal fitted to
-    its grammar (None without one) and the draft the pass verifies, and whether it is the sequence's first step."""
+    its grammar (None without one) and the draft the pass verifies, and whether the drafter reads the sequence's
+    prompt in it (its first draft)."""
 
     seqs: list[Sequence]
     proposed: list[Draft]

@@ -28,6 +28,7 @@ class Sequence:
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "error"
     prefilled: int = 0  # prompt tokens whose KV is cached (the prompt's last token is the first step's root)
     ready: bool = False  # prefill done and the drafter started: `step` may run it
+    drafted: bool = False  # a step has asked the drafter for a draft (the first such step reads the prompt)
     prefill_hidden: list[torch.Tensor] = field(default_factory=list, repr=False)  # per chunk, [q, hidden]
     text: StopText | None = field(default=None, repr=False)  # detokeniser and stop strings (None: ids only)
     constraint: Constraint | None = field(default=None, repr=False)  # the grammar state (structured outputs)

@@ -39,7 +39,7 @@ class SpeculationLength:
     one cheap draft rather than K. While the window slides on after it paid, every drafting step re-judges it.
 
     Costs (time rule): a drafting step costs its whole wall time (drafting, verify pass, commit; a sequence's
-    first step, where the drafter reads the prompt, is passed untimed by the engine), charged to the window of
+    first drafting step, where the drafter reads the prompt, is passed untimed by the engine), charged to the window of
     the last pause_window drafting steps: sum of seconds / sum of committed tokens. A plain step is one that
     drafted nothing: a pause step, or a step where the drafter found nothing to propose (prompt
     lookup without a match). The plain cost is the median seconds per token of the last pause_window (at least

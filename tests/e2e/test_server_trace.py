@@ -129,16 +129,17 @@ def _traced(server, body: dict) -> list[dict]:
 
 
 def test_each_token_is_named_by_its_origin(server, tiny_target):
-    """K = 4, the third draft token always wrong: three steps keep two draft tokens and the target's correction,
-    then one token is left, decoded plainly (as the server's spec-decode counters count them)."""
+    """K = 4, the third draft token always wrong: the first token is the target's alone, two steps keep two draft
+    tokens and the target's correction, then three tokens are left: two drafted, both kept, and the bonus (as the
+    server's spec-decode counters count them)."""
     body = {"prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": 0,
             "speculation": {"trace": True}}
     chunks = _traced(server, body)
     steps = [chunk["speculation"] for chunk in chunks if "speculation" in chunk]
-    assert [[t["origin"] for t in step["tokens"]] for step in steps] == [["draft", "draft", "correction"]] * 3 + [
-        ["target"]]
-    assert [(step["k"], step["drafted"], step["accepted"]) for step in steps] == [(4, 4, 2)] * 2 + [(3, 3, 2),
-                                                                                                   (0, 0, 0)]
+    assert [[t["origin"] for t in step["tokens"]] for step in steps] == [["target"]] + [
+        ["draft", "draft", "correction"]] * 2 + [["draft", "draft", "bonus"]]
+    assert [(step["k"], step["drafted"], step["accepted"]) for step in steps] == [(0, 0, 0)] + [(4, 4, 2)] * 2 + [
+        (2, 2, 2)]
     assert all(t["position"] == i + 1 for step in steps for i, t in enumerate(step["tokens"]))
     ids = tiny_target.tokenizer(PROMPT)["input_ids"]
     expected = reference(tiny_target, ids, TOKENS, stop_on_eos=False)

@@ -63,7 +63,7 @@ def setup():
 def test_first_two_tokens_follow_target(setup, index):
     target, draft, prompts = setup
     assert 0.2 < first_draft_probability(target, draft, prompts[index]) < 0.9
-    engine = Engine(target, CrossTokenizerDrafter(draft, target), SpecConfig(k=3))
+    engine = Engine(target, CrossTokenizerDrafter(draft, target), SpecConfig(k=3, first_step_drafts=True))
     pairs = sampled_pairs(engine, prompts[index])
     assert chi2_pvalue(pairs, exact_pairs(target, prompts[index])) > 1e-3
 
@@ -71,6 +71,6 @@ def test_first_two_tokens_follow_target(setup, index):
 def test_detects_broken_residual(setup, monkeypatch):
     target, draft, prompts = setup
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
-    engine = Engine(target, CrossTokenizerDrafter(draft, target), SpecConfig(k=3))
+    engine = Engine(target, CrossTokenizerDrafter(draft, target), SpecConfig(k=3, first_step_drafts=True))
     pairs = sampled_pairs(engine, prompts[0])
     assert chi2_pvalue(pairs, exact_pairs(target, prompts[0])) < 1e-3

@@ -59,7 +59,7 @@ def build(name: str, target: Target, spec: SpecConfig):
 @pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["draft-model-int8", "draft-model-shortlist",
                                                                 "draft-model-budget"])
 def test_first_tokens_follow_target(name, target, exact):
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build(name, target, spec), spec)
     pairs = sample_pairs(engine, SAMPLES)
     assert chi2_pvalue(pairs, exact) > 1e-3
@@ -69,7 +69,7 @@ def test_the_budget_ends_seeded_drafts(target):
     """The budget case above is not k-token drafts in disguise: over the seeded draws it samples, the first
     step's draft (k 2, not cut by the length) is 1 or 2 tokens, the second kept or dropped by its drawn
     probability (~30 % dropped)."""
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build("draft-model-budget", target, spec), spec)
     firsts = []
     for seed in range(60):
@@ -85,21 +85,36 @@ COLD = SamplingConfig(temperature=0.4, top_k=6)
 
 @pytest.mark.parametrize("name", ["draft-model", "layer-skip"])  # drawn q
 def test_first_tokens_follow_target_when_cold(name, target):
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build(name, target, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES, COLD), exact_pairs(target, COLD)) > 1e-3
 
 
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup"])  # drawn q, one-hot q
 def test_broken_verifier_is_detected(name, target, exact, monkeypatch):
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
     engine = Engine(target, build(name, target, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact) < 1e-4
 
 
-def test_seeded_generation_is_reproducible(target):
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_default_first_token_is_plain_and_the_second_verified(broken, target, exact, monkeypatch):
+    """By default the first step drafts nothing and the second drafts one token (3 asked): the pair still
+    follows the target, and a broken verifier still shows in the second token."""
+    if broken:
+        monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
     spec = SpecConfig(k=2)
+    engine = Engine(target, build("draft-model", target, spec), spec)
+    steps = engine.stream(PROMPT, dataclasses.replace(SAMPLING, seed=0), GenerationConfig(max_new_tokens=3,
+                                                                                          stop_on_eos=False))
+    assert [out.k for _, out in steps][:2] == [0, 1]
+    pvalue = chi2_pvalue(sample_pairs(engine, SAMPLES), exact)
+    assert pvalue < 1e-4 if broken else pvalue > 1e-3
+
+
+def test_seeded_generation_is_reproducible(target):
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build("prompt-lookup", target, spec), spec)
     config = GenerationConfig(max_new_tokens=20, stop_on_eos=False)
     runs = [engine.generate(PROMPT, SamplingConfig(temperature=1.0, seed=11), config).token_ids for _ in range(2)]
@@ -125,7 +140,7 @@ def test_first_tokens_follow_a_quantized_target(name, weights):
         exact_attention(quantized.model)
         assert any(type(m).__name__ == "PackedLinear" for m in quantized.model.modules())
     quantized = Target(quantized.model)
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(quantized, build(name, quantized, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) > 1e-3
 
@@ -152,7 +167,7 @@ def test_first_tokens_follow_a_packed_gemma3_target(name):
     if native.missing():
         pytest.skip(native.missing())
     gemma = _packed_gemma3()
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(gemma, build(name, gemma, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(gemma)) > 1e-3
 
@@ -164,7 +179,7 @@ def test_broken_verifier_is_detected_on_a_packed_gemma3_target(monkeypatch):
     if native.missing():
         pytest.skip(native.missing())
     gemma = _packed_gemma3()
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
     engine = Engine(gemma, build("draft-model", gemma, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(gemma)) < 1e-4
@@ -183,7 +198,7 @@ def test_broken_verifier_is_detected_on_an_int4_target(name, monkeypatch):
     apply(quantized.model, "int4")
     exact_attention(quantized.model)
     quantized = Target(quantized.model)
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
     engine = Engine(quantized, build(name, quantized, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES), exact_pairs(quantized)) < 1e-4
@@ -222,7 +237,7 @@ def _exact_penalized(target) -> dict[tuple[int, int], float]:
 
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup", "suffix"])  # drawn q, one-hot q, a tree
 def test_first_tokens_follow_the_penalized_target(name, target):
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build(name, target, spec), spec)
     exact = _exact_penalized(target)
     assert exact != exact_pairs(target, dataclasses.replace(PENALIZED, presence_penalty=0.0, frequency_penalty=0.0,
@@ -235,6 +250,6 @@ def test_unpenalized_second_tokens_are_detected(target, monkeypatch):
     from specdecode.core import engine as engine_module
 
     monkeypatch.setattr(engine_module, "path_tokens", lambda tokens, parents: [[]] * (len(tokens) + 1))
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build("prompt-lookup", target, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES, PENALIZED), _exact_penalized(target)) < 1e-4

@@ -17,7 +17,7 @@ from tests.stats.test_e2e_sampling import GIVEN_COSTS, tiny_draft
 from tests.stats.two_tokens import sample_pairs
 
 SAMPLES = 1000
-SPEC = SpecConfig(k=2)
+SPEC = SpecConfig(k=2, first_step_drafts=True)
 
 
 def _hybrid(target, path: str) -> Hybrid:

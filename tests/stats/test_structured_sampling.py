@@ -83,7 +83,7 @@ def exact(target):
 
 @pytest.mark.parametrize("name", ["draft-model", "prompt-lookup", "eagle", "none"])
 def test_constrained_sampling_follows_target(name, target, exact):
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build(name, target, spec), spec)
     assert len({a for a, _ in exact}) == 3 and (1, 3) in exact  # a, b, c first; after b, d alone
     assert chi2_pvalue(sample_pairs(engine), exact) > 1e-3
@@ -100,6 +100,6 @@ def test_unmasked_q_is_detected(target, exact, monkeypatch):
         return q
 
     monkeypatch.setattr(structured.Constraint, "_q", unmasked)
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build("draft-model", target, spec), spec)
     assert chi2_pvalue(sample_pairs(engine), exact) < 1e-4

@@ -31,7 +31,7 @@ class StoreForSeeded(Suffix):
 
 
 def _engine(target) -> tuple[Engine, StoreForSeeded]:
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     drafter = StoreForSeeded(SuffixConfig(row_cost=0.0))  # free rows: every frequent branch is drafted
     return Engine(target, drafter, spec), drafter
 

@@ -93,7 +93,7 @@ BUILDERS = {
 
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_first_tokens_follow_target(name, target, exact):
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, BUILDERS[name](target), spec)
     pairs = _pairs(engine)
     assert chi2_pvalue(pairs, exact) > 1e-3
@@ -102,6 +102,6 @@ def test_first_tokens_follow_target(name, target, exact):
 @pytest.mark.parametrize("name", ["eagle", "eagle3"])
 def test_broken_verifier_is_detected_with_eagle(name, target, exact, monkeypatch):
     monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)
-    spec = SpecConfig(k=2)
+    spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, BUILDERS[name](target), spec)
     assert chi2_pvalue(_pairs(engine), exact) < 1e-4

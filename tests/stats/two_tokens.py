@@ -1,5 +1,7 @@
 """The end-to-end sampling setting the statistical tests share: a tiny target, a repetitive prompt (so
-prompt lookup drafts from it), and the exact joint distribution of the first two generated tokens."""
+prompt lookup drafts from it), and the exact joint distribution of the first two generated tokens. The tests
+draft from the first step (SpecConfig.first_step_drafts), so the verifier decides both tokens; by default the
+first token is the target's alone and only the second is verified (test_e2e_sampling tests that too)."""
 from __future__ import annotations
 
 import dataclasses

@@ -55,6 +55,7 @@ def test_load_refuses_a_model_that_is_not_a_path():
 @pytest.mark.parametrize("config,needle", [
     (lambda: SpecConfig(k=2.5), "k must be an integer"),
     (lambda: SpecConfig(k="3"), "k must be an integer"),
+    (lambda: SpecConfig(first_step_drafts=1), "first_step_drafts must be True or False"),
     (lambda: SamplingConfig(temperature="0.5"), "temperature must be a number"),
     (lambda: SamplingConfig(temperature=1.0, top_k=2.5), "top_k must be an integer"),
     (lambda: SamplingConfig(temperature=1.0, seed=2**70), "seed must be in"),

@@ -28,19 +28,19 @@ def plain(target: Target, n: int) -> list[int]:
 
 
 def test_metrics_count_exactly(target):
-    """20 tokens, K = 3, the first 2 draft tokens right: six steps commit 2 + 1 tokens (17 -> 2 left), the
-    seventh drafts min(K, 2 - 1) = 1 token, accepted, + 1: 7 passes, 19 proposed, 13 accepted."""
+    """20 tokens, K = 3, the first 2 draft tokens right: the first step drafts nothing (1 token), six steps commit
+    2 + 1 tokens (19 -> 1 left), the last drafts min(K, 1 - 1) = 0: 8 passes, 18 proposed, 12 accepted."""
     truth = plain(target, 20)
     drafter = Oracle(truth, len(PROMPT), right=2)
     engine = Engine(target, drafter, SPEC)
     result = engine.generate(PROMPT, SamplingConfig(), GenerationConfig(max_new_tokens=20, stop_on_eos=False))
     m = result.metrics
-    assert drafter.observed == [2] * 6  # accepted DRAFT tokens per step; the finishing step is not observed
+    assert drafter.observed == [0] + [2] * 6  # accepted DRAFT tokens per step; the finishing step is not observed
     assert result.token_ids == truth and result.finish_reason == "length"
-    assert (m.new_tokens, m.target_passes, m.proposed, m.accepted) == (20, 7, 19, 13)
-    assert m.tau == pytest.approx(20 / 7)
-    assert m.acceptance_rate == pytest.approx(13 / 19)
-    assert (m.proposed_at, m.accepted_at) == ([7, 6, 6], [7, 6, 0])
+    assert (m.new_tokens, m.target_passes, m.proposed, m.accepted) == (20, 8, 18, 12)
+    assert m.tau == pytest.approx(20 / 8)
+    assert m.acceptance_rate == pytest.approx(12 / 18)
+    assert (m.proposed_at, m.accepted_at) == ([6, 6, 6], [6, 6, 0])
     assert m.acceptance_by_position == [1.0, 1.0, 0.0]
 
 

@@ -102,7 +102,8 @@ def test_an_aborted_prefill_leaves_only_what_it_wrote(tiny_packed_target, tiny_t
 
 
 def _fed(drafter) -> list[int]:
-    """The tokens of each pass the draft model runs from now on (its forward counted)."""
+    """The tokens of each pass the draft model runs from now on (its forward counted). A sequence's first draft
+    pass feeds what the row lacks of the prompt and the first generated token (the first step drafts nothing)."""
     fed: list[int] = []
     forward = drafter.draft.forward
 
@@ -122,17 +123,17 @@ def test_a_draft_model_prefills_only_what_the_next_prompt_adds(tiny_target, tiny
     reusing = Engine(tiny_target, drafter, SPEC)
     fed = _fed(drafter)
     first = reusing.generate(ids, SamplingConfig(), CONFIG)
-    assert fed[0] == len(ids)
+    assert fed[0] == len(ids) + 1
     turn = ids + first.token_ids + tiny_tokenizer(" and the dog")["input_ids"]
     fed.clear()
     second = reusing.generate(turn, SamplingConfig(), CONFIG)
-    assert 0 < fed[0] <= len(turn) - len(ids)  # the first prompt and some of its answer were in the row
+    assert 0 < fed[0] <= len(turn) - len(ids) + 1  # the first prompt and some of its answer were in the row
     fresh = Engine(tiny_target, tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
     assert second.token_ids == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
     reusing.forget_prefixes()
     fed.clear()
     reusing.generate(turn, SamplingConfig(), CONFIG)
-    assert fed[0] == len(turn)
+    assert fed[0] == len(turn) + 1
 
 
 def test_a_prompt_sharing_a_little_copies_it_and_leaves_the_row_to_its_conversation(tiny_packed_target,
@@ -174,11 +175,11 @@ def test_a_draft_models_row_stays_with_its_conversation(tiny_target, tiny_tokeni
     fed.clear()
     (answer,), _, _ = _together(reusing, [new])
     shared = max(common_prefix(new, first), common_prefix(new, other))
-    assert 0 < shared and fed[0] == len(new) - shared  # the system prompt came from a copy
+    assert 0 < shared and fed[0] == len(new) - shared + 1  # the system prompt came from a copy
     turn = first + out + ids(" and then")
     fed.clear()
     (again,), _, _ = _together(reusing, [turn])
-    assert fed[0] <= len(turn) - len(first)  # its own row kept the first turn
+    assert fed[0] <= len(turn) - len(first) + 1  # its own row kept the first turn
     fresh = Engine(tiny_target, tiny_drafter(tiny_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
     assert answer == fresh.generate(new, SamplingConfig(), CONFIG).token_ids
     assert again == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
@@ -196,7 +197,7 @@ def test_a_cache_salt_keeps_the_draft_models_rows_apart(tiny_target, tiny_tokeni
         fed.clear()
         reusing.generate(ids, SamplingConfig(), generation)
         firsts.append(fed[0])
-    assert firsts[0] == firsts[1] == len(ids) and firsts[2] < len(ids)
+    assert firsts[0] == firsts[1] == len(ids) + 1 and firsts[2] < len(ids)
 
 
 def test_a_draft_models_kv_is_reserved_and_its_kept_rows_give_way(tiny_packed_target, tiny_tokenizer,
@@ -220,7 +221,7 @@ def test_a_draft_models_kv_is_reserved_and_its_kept_rows_give_way(tiny_packed_ta
     turn = ids + first.token_ids + tiny_tokenizer(" and the dog")["input_ids"]
     fed.clear()
     again = reusing.generate(turn, SamplingConfig(), CONFIG)
-    assert again.metrics.cached_prompt_tokens == 0 and fed[0] == len(turn)  # nothing left of the first turn
+    assert again.metrics.cached_prompt_tokens == 0 and fed[0] == len(turn) + 1  # nothing left of the first turn
     fresh = Engine(tiny_packed_target, tiny_drafter(tiny_packed_target, "draft-model", SPEC, tiny_draft_dir), SPEC)
     assert again.token_ids == fresh.generate(turn, SamplingConfig(), CONFIG).token_ids
     reusing.forget_prefixes()

@@ -177,9 +177,10 @@ def test_engine_times_steps_and_pauses_a_drafter_that_costs_more_per_token(cost,
     assert output == plain  # K never changes greedy output
     # every draft is fully accepted (5 tokens per step): 220 ms per step is 44 ms per token, more than a plain
     # step's 20; 60 ms per step is 12 ms per token, less (per STEP it is more: the rule must count tokens)
-    # the first step is not timed (the drafter reads the prompt): the first window timed throughout is steps 2-4
-    assert trace[:4] == [4, 4, 4, 4]
-    assert trace[4:4 + PLAIN_SAMPLES] == [0] * PLAIN_SAMPLES  # the first window asks for the plain cost
+    # the first step drafts nothing (its time is a plain sample), the second is not timed (the drafter reads
+    # the prompt): the first window timed throughout is steps 3-5, and it asks for the plain samples it lacks
+    assert trace[:5] == [4] * 5
+    assert trace[5:5 + PLAIN_SAMPLES - 1] == [0] * (PLAIN_SAMPLES - 1)
     assert (trace.count(0) > PLAIN_SAMPLES) == pauses
 
 
@@ -196,7 +197,7 @@ def test_a_slow_first_step_does_not_pause_a_drafter_that_pays(tiny_target, tiny_
         engine = Engine(tiny_target, TimedOracle(plain, len(ids), clock, 0.040, first_cost), SPEC)
         traces.append(k_trace(engine, ids, SamplingConfig())[0])
     assert traces[0] == traces[1]
-    assert traces[0].count(0) == PLAIN_SAMPLES  # only the measuring pause
+    assert traces[0].count(0) == PLAIN_SAMPLES - 1  # only the measuring pause (the first step was plain)
 
 
 def test_the_next_sequence_starts_from_the_plain_cost_the_last_one_measured(tiny_target, tiny_tokenizer,
@@ -211,11 +212,11 @@ def test_the_next_sequence_starts_from_the_plain_cost_the_last_one_measured(tiny
     drafter = TimedOracle(plain, len(ids), clock, 0.040)
     engine = Engine(tiny_target, drafter, SPEC)
     first, _ = k_trace(engine, ids, SamplingConfig())
-    assert first.count(0) == PLAIN_SAMPLES  # the measuring pause
+    assert first.count(0) == PLAIN_SAMPLES - 1  # the measuring pause (the first step was plain)
     second, output = k_trace(engine, ids, SamplingConfig())
     assert 0 not in second and output == plain
     fresh = Engine(tiny_target, drafter, SPEC)
-    assert k_trace(fresh, ids, SamplingConfig())[0].count(0) == PLAIN_SAMPLES  # nothing carried across engines
+    assert k_trace(fresh, ids, SamplingConfig())[0].count(0) == PLAIN_SAMPLES - 1  # nothing carried across engines
 
 
 def test_seeded_sampling_ignores_step_times(tiny_target, tiny_tokenizer, monkeypatch):

@@ -28,13 +28,14 @@ def test_outcome_reports_the_step(tiny_target, tiny_tokenizer):
     while not seq.finished:
         (outcome,) = engine.step([seq])
         outcomes.append(outcome)
-    first = outcomes[0]
-    assert (first.k, first.depth, first.accepted, len(first.token_ids)) == (4, 4, 2, 3)  # 2 right + the target's
-    assert first.origins == ("draft", "draft", "correction")
+    plain, drafted = outcomes[:2]
+    assert (plain.k, plain.depth, len(plain.token_ids), plain.origins) == (0, 0, 1, ("target",))  # the first token
+    assert (drafted.k, drafted.depth, drafted.accepted, len(drafted.token_ids)) == (4, 4, 2, 3)  # 2 right, 1 target
+    assert drafted.origins == ("draft", "draft", "correction")
     assert all(len(o.origins) == len(o.token_ids) for o in outcomes)
     assert [t for o in outcomes for t in o.token_ids] == reference.token_ids
-    assert [o.finish_reason for o in outcomes] == [None, None, "length"]
-    assert outcomes[-1].k == 2  # three tokens left: a draft of two and the target's own
+    assert [o.finish_reason for o in outcomes] == [None, None, None, "length"]
+    assert outcomes[-1].k == 1  # two tokens left: a draft of one and the target's own
     assert all(o.error is None for o in outcomes)
     assert "".join(o.text for o in outcomes) == reference.text
 
@@ -84,7 +85,7 @@ def test_a_rows_commit_failure_is_its_own(tiny_target, tiny_tokenizer):
     bad, good = (engine.start(ids, SamplingConfig(), generation) for _ in range(2))
     first_bad, first_good = engine.step([bad, good])
     assert isinstance(first_bad.error, RuntimeError) and first_bad.finish_reason == "error" and bad.finished
-    assert first_good.error is None and first_good.token_ids == reference.token_ids[:3]
+    assert first_good.error is None and first_good.token_ids == reference.token_ids[:1]  # the first step is plain
     engine.release(bad)
     while not good.finished:
         engine.step([good])
