@@ -9,6 +9,7 @@ engine's own timers (prefill, drafting, verification; docs/drafters.md, "hybrid"
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections import Counter, defaultdict
 
@@ -25,7 +26,8 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--draft-model", default=None)
     parser.add_argument("--methods", default="none,draft-model,hybrid",
-                        help="drafters, each NAME or NAME@K (its own speculation length); the first gives the history")
+                        help="drafters, each NAME, NAME@K (its own speculation length) or either with +first (it "
+                             "drafts in the first step too: SpecConfig.first_step_drafts); the first gives the history")
     parser.add_argument("--category", default=None, help="comma list (agentic runs only when named)")
     parser.add_argument("--limit", type=int, default=None, help="questions per category")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -42,6 +44,7 @@ def main() -> None:
         forgetting(decoder.engine)()
     sums: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (category or "overall", method) -> sums
     same, turns = Counter(), 0
+    firsts: dict[str, list[float]] = defaultdict(list)  # method -> seconds to each turn's first token
     for question in questions:
         history: list[dict[str, str]] = []
         for text in question.turns:
@@ -49,15 +52,17 @@ def main() -> None:
             prompt = encode_conversation(tokenizer, history)
             outputs = {}
             for name in names[turns % len(names):] + names[: turns % len(names)]:
-                began = time.perf_counter()
-                result = decoders[name].engine.generate(prompt, greedy,
-                                                        GenerationConfig(max_new_tokens=args.max_new_tokens))
+                began, first, seq = time.perf_counter(), None, None
+                generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
+                for seq, _ in decoders[name].engine.stream(prompt, greedy, generation):  # noqa: B007 - read after
+                    first = time.perf_counter() - began if first is None else first
                 wall = time.perf_counter() - began
-                m = result.metrics
+                m = seq.metrics
+                firsts[name].append(first)
                 for key in ((question.category, name), ("overall", name)):
                     sums[key].update(wall=wall, tokens=m.new_tokens, passes=m.target_passes,
                                      **{f: getattr(m, f) for f in PHASES})
-                outputs[name] = result.token_ids
+                outputs[name] = seq.output_ids
             same.update(name for name in names if outputs[name] == outputs[names[0]])
             history.append({"role": "assistant", "content": tokenizer.decode(outputs[names[0]],
                                                                               skip_special_tokens=True)})
@@ -72,14 +77,18 @@ def main() -> None:
         s = sums[("overall", name)]
         print(f"{name}: {s['tokens'] / s['wall']:.1f} tokens/s, tau {s['tokens'] / s['passes']:.2f}, wall "
               f"{s['wall']:.1f} s: prefill {s['prefill_s']:.1f}, drafting {s['draft_s']:.1f}, verifying "
-              f"{s['verify_s']:.1f}; equal to {names[0]} on {same[name]}/{turns} turns")
+              f"{s['verify_s']:.1f}; median time to first token {statistics.median(firsts[name]) * 1000:.0f} ms; "
+              f"equal to {names[0]} on {same[name]}/{turns} turns")
 
 
 def _load(model: str | None, draft_model: str | None, method: str, k: int) -> SpecDecoder:
-    """method: a drafter's name, or name@K for that drafter at speculation length K (several K in one run)."""
+    """method: a drafter's name, or name@K for that drafter at speculation length K (several K in one run),
+    either with +first: it drafts in the first step too."""
+    method, first = method.removesuffix("+first"), method.endswith("+first")
     name, _, own_k = method.partition("@")
     draft = draft_model if get_spec(name).needs_draft_model else None
-    return SpecDecoder.load(model, DrafterConfig(name, draft_model=draft), spec=SpecConfig(k=int(own_k or k)))
+    spec = SpecConfig(k=int(own_k or k), first_step_drafts=first)
+    return SpecDecoder.load(model, DrafterConfig(name, draft_model=draft), spec=spec)
 
 
 if __name__ == "__main__":
