@@ -30,3 +30,4 @@ class Generation:
     # seconds spent prefilling, drafting and verifying, by the engine's own timers (GenerationMetrics; the rest of
     # `seconds` is committing, detokenizing and the loop); None: the method has no such timers
     phases: tuple[float, float, float] | None = None
+    first_token_s: float | None = None  # the engine's seconds to the first token (GenerationMetrics); None: untimed

@@ -391,6 +391,6 @@ def _engine_runner(engine: Engine) -> Callable:
         m = seq.metrics
         ids = cut_at_eos(list(seq.output_ids), engine.target.eos_ids)
         return Generation(ids, seconds, m.target_passes, m.proposed, m.accepted,
-                          (m.prefill_s, m.draft_s, m.verify_s))
+                          (m.prefill_s, m.draft_s, m.verify_s), m.first_token_s)
 
     return run

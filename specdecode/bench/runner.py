@@ -88,6 +88,8 @@ class Record:
                "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb, 1)}
         if g.phases is not None:
             out.update(zip(PHASES, (round(s, 5) for s in g.phases)))
+        if g.first_token_s is not None:
+            out["first_token_s"] = round(g.first_token_s, 5)
         if self.mismatch is not None:
             out["mismatch"] = vars(self.mismatch)
         return out

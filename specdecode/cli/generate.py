@@ -113,7 +113,8 @@ def _summary(metrics: GenerationMetrics, seq: Sequence, drafter: str, structured
     by_pos = " ".join(f"{x:.2f}" for x in metrics.acceptance_by_position) or "-"
     return (f"\n\n[{drafter}] {metrics.new_tokens} tokens, {metrics.target_passes} target passes, "
             f"tau {metrics.tau:.2f}, acceptance {metrics.acceptance_rate:.2f} (by position: {by_pos}), "
-            f"{metrics.tokens_per_s:.1f} tokens/s; time: prefill {metrics.prefill_s:.2f}s, "
+            f"{metrics.tokens_per_s:.1f} tokens/s; time: first token {metrics.first_token_s or 0:.2f}s, "
+            f"prefill {metrics.prefill_s:.2f}s, "
             f"draft {metrics.draft_s:.2f}s, verify {metrics.verify_s:.2f}s; finish: {seq.finish_reason}"
             + (f"; grammar-forced tokens: {metrics.forced}" if structured else "")
             + (f"; row cost {metrics.row_cost:.2f} of a pass" if metrics.row_cost is not None else "")

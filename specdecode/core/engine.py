@@ -380,6 +380,8 @@ class Engine:
         seq.metrics.draft_s += draft_s
         seq.metrics.verify_s += verify_s
         seq.metrics.total_s += clock.finished - clock.began
+        if seq.metrics.first_token_s is None and done.tokens:
+            seq.metrics.first_token_s = seq.metrics.total_s
         if done.error is None:
             # the step's time drives the time-based pause; a seeded sampled sequence's K (and so its random
             # draws) must not depend on timing, or the same seed would not give the same text. A sequence's

@@ -29,6 +29,7 @@ class GenerationMetrics:
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    first_token_s: float | None = None  # total_s when the first token was committed (prefill and first step)
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # of them, those whose KV an earlier request left in the row (not prefilled)
     forced: int = 0
@@ -82,6 +83,7 @@ class GenerationMetrics:
             "draft_s": round(self.draft_s, 4),
             "verify_s": round(self.verify_s, 4),
             "total_s": round(self.total_s, 4),
+            "first_token_s": None if self.first_token_s is None else round(self.first_token_s, 4),
             "grammar_s": round(self.grammar_s, 4),
             "paused_steps": dict(self.paused_steps),
             "row_cost": None if self.row_cost is None else round(self.row_cost, 4),

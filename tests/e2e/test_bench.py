@@ -108,6 +108,15 @@ def test_time_split_is_recorded_for_our_methods(bench_out):
     assert "| prefill / draft / verify |" in (bench_out / "report.md").read_text()
 
 
+def test_time_to_first_token_is_recorded_for_our_methods(bench_out):
+    """Each run of our engine records its seconds to the first token (GenerationMetrics.first_token_s), within
+    the run's time; peers have no such timer and record none."""
+    runs = json.loads((bench_out / "results.json").read_text())["runs"]
+    ours = [run for run in runs if run["method"].startswith("specdecode-")]
+    assert ours and all(0 < run["first_token_s"] <= run["time_s"] for run in ours)
+    assert all("first_token_s" not in run for run in runs if not run["method"].startswith("specdecode-"))
+
+
 def test_peak_rss_is_recorded_per_method(bench_out):
     results = json.loads((bench_out / "results.json").read_text())
     for entry in results["runs"] + results["results"]:

@@ -132,13 +132,14 @@ def test_json_output_on_tiny_model(tiny_model_dir):
     for key in ("text", "new_tokens", "target_passes", "tau", "acceptance_rate", "tokens_per_s"):
         assert key in payload
     assert payload["new_tokens"] <= 16 and payload["target_passes"] >= 1
+    assert 0 < payload["metrics"]["first_token_s"] <= payload["metrics"]["total_s"]
     assert payload["drafter"] == "prompt-lookup"  # the default `auto`, resolved: the tiny model has no head
 
 
 def test_streaming_text_then_metrics(tiny_model_dir, capsys):
     assert main(["generate", "--model", tiny_model_dir, "--max-new-tokens", "12", "--drafter", "none", "abc"]) == 0
     stdout = capsys.readouterr().out
-    assert "target passes" in stdout and "tau 1.00" in stdout
+    assert "target passes" in stdout and "tau 1.00" in stdout and "first token" in stdout
 
 
 def test_unusable_files_and_dirs_are_one_line_exit_2(tmp_path, capsys):

@@ -44,6 +44,15 @@ def test_metrics_count_exactly(target):
     assert m.acceptance_by_position == [1.0, 1.0, 0.0]
 
 
+def test_first_token_time_is_the_prefill_and_the_first_step(target):
+    """GenerationMetrics.first_token_s: the prefill's seconds and the first step's, not the later steps'."""
+    engine = Engine(target, Oracle(plain(target, 12), len(PROMPT), right=2), SPEC)
+    steps = list(engine.stream(PROMPT, SamplingConfig(), GenerationConfig(max_new_tokens=12, stop_on_eos=False)))
+    m, first = steps[-1][0].metrics, steps[0][1]
+    assert len(steps) > 2 and m.first_token_s == pytest.approx(m.prefill_s + first.draft_s + first.verify_s)
+    assert m.first_token_s < m.total_s and m.as_dict()["first_token_s"] == round(m.first_token_s, 4)
+
+
 def test_metrics_table():
     m = GenerationMetrics()
     m.observe(depth=4, accepted=4, committed=5)  # all accepted + bonus
