@@ -140,9 +140,10 @@ class SpecConfig:
     grammar_draft: for a sequence with a structure (GenerationConfig.structure), the most tokens per step the
     grammar adds to the draft where it admits a single continuation (JSON keys, punctuation, the rest of an enum
     value); they are appended to the drafter's leaves, or are the whole draft. 0 turns grammar drafting off.
-    first_step_drafts: a sequence's first step verifies a draft too. Off by default: the first token is then the
-    target's alone and comes as soon as in plain decoding (a draft model would first read the whole prompt, and a
-    wider pass verify its draft); on saves one target pass per request where time to first token does not matter.
+    first_step_drafts: a sequence's first step drafts in full too. Off by default: the first step then asks for
+    free drafts alone (suffix, prompt lookup, the hybrid's free path) and the first token comes about as soon as in
+    plain decoding (a draft model would first read the whole prompt, and a wider pass verify its draft); on, a
+    model drafter's first draft rides in the first step, where time to first token does not matter.
     """
 
     k: int = 5

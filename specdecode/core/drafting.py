@@ -92,7 +92,8 @@ class SequenceContext:
     cache: Any = None  # the target's RollbackCache (row `row` is this sequence's), for self-drafting
     extra: dict = field(default_factory=dict)
     # this step allows no draft passes (a server's K policy found a model's drafts do not pay at its batch size,
-    # while free ones do): a drafter with a free part (Capabilities.free_drafts) drafts with it alone
+    # while free ones do; or the sequence's first step): a drafter with a free part (Capabilities.free_drafts)
+    # drafts with it alone
     free_only: bool = False
     # a drafter's cache rows left by finished sequences serve only sequences with the same salt
     # (GenerationConfig.cache_salt)
@@ -115,7 +116,8 @@ class Capabilities:
     hidden_layers: tuple[int, ...] = ()  # with needs_hidden: ctx.hidden holds what enters these target layers, side
     # by side (EAGLE-3's low, middle and high), instead of the last hidden state
     free_drafts: bool = False  # drafts that cost no draft pass, all of them (suffix, prompt lookup) or when a step
-    # asks for them alone (hybrid: ctx.free_only); a server then lets it draft where a model's passes do not pay
+    # asks for them alone (hybrid: ctx.free_only); a server then lets it draft where a model's passes do not pay.
+    # Several drafters: some of them have (a router serves a free_only step from those alone)
 
     @staticmethod
     def union(parts: Sequence[Capabilities]) -> Capabilities:
@@ -127,7 +129,7 @@ class Capabilities:
         return Capabilities(any(c.needs_hidden for c in parts),
                             tuple(sorted({layer for c in parts for layer in c.exit_layers})),
                             any(c.prices_rows for c in parts), next(iter(kinds), ()),
-                            all(c.free_drafts for c in parts))
+                            any(c.free_drafts for c in parts))
 
 
 class Drafter(Protocol):

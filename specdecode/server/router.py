@@ -50,6 +50,9 @@ class RoutingDrafter:
             groups.setdefault(seq.extra[_KEY], []).append(i)
         drafts: list[Draft] = [Draft()] * len(seqs)
         for name, members in groups.items():
+            if not self.drafters[name].capabilities.free_drafts:  # a step allowing no draft pass asks it for none
+                for i in members:
+                    seqs[i].k = 0 if seqs[i].free_only else seqs[i].k
             for i, draft in zip(members, self.drafters[name].propose([seqs[i] for i in members])):
                 drafts[i] = draft
         return drafts

@@ -45,3 +45,42 @@ def test_a_request_chooses_hybrid_through_the_speculation_extension(tiny_target,
     assert hybrid.free_drafts + hybrid.model_drafts > 0
     assert 'specdecode_suffix_store_sequences{drafter="hybrid"} 2.0' in metrics
     assert 'specdecode_suffix_store_sequences{drafter="suffix"} 0.0' in metrics
+
+
+def test_the_first_step_asks_for_free_drafts_alone(tiny_target, tiny_tokenizer, tiny_draft_dir):
+    """A sequence's first step lets the hybrid draft only what costs no draft pass: the draft model runs no pass
+    in it, a new prompt gets no draft, and a prompt asked again gets its last answer from the suffix store. With
+    SpecConfig.first_step_drafts the draft model drafts for the new prompt in the first step."""
+    ids = tiny_tokenizer(PROMPTS["short"])["input_ids"]  # nothing in it for suffix to find
+    config = GenerationConfig(max_new_tokens=24, stop_on_eos=False)
+    expected = reference(tiny_target, ids, 24).token_ids
+    firsts = {}
+    for first_step_drafts, asked in ((False, "new"), (False, "again"), (True, "new")):
+        spec = SpecConfig(k=4, first_step_drafts=first_step_drafts)
+        hybrid = tiny_drafter(tiny_target, "hybrid", spec, tiny_draft_dir, row_cost=0.0)
+        engine = Engine(tiny_target, hybrid, spec)
+        if asked == "again":
+            assert engine.generate(ids, SamplingConfig(), config).token_ids == expected  # the store learns it
+        passes = _passes(hybrid.model.draft)
+        seq = engine.start(ids, SamplingConfig(), config)
+        (first,) = engine.step([seq])
+        firsts[first_step_drafts, asked] = (bool(passes), first.depth > 0, first.free)
+        while not seq.finished:
+            engine.step([seq])
+        engine.release(seq)
+        assert seq.output_ids == expected
+    assert firsts == {(False, "new"): (False, False, False), (False, "again"): (False, True, True),
+                      (True, "new"): (True, True, False)}
+
+
+def _passes(draft) -> list[int]:
+    """The tokens of each pass `draft` runs from now on (its forward counted)."""
+    passes: list[int] = []
+    forward = draft.forward
+
+    def counting(cache, rows, block, **kwargs):
+        passes.append(block.input_ids.shape[1])
+        return forward(cache, rows, block, **kwargs)
+
+    draft.forward = counting
+    return passes

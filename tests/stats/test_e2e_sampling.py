@@ -100,7 +100,7 @@ def test_broken_verifier_is_detected(name, target, exact, monkeypatch):
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_the_default_first_token_is_plain_and_the_second_verified(broken, target, exact, monkeypatch):
-    """By default the first step drafts nothing and the second drafts one token (3 asked): the pair still
+    """By default a draft model's first step drafts nothing and the second one token (3 asked): the pair still
     follows the target, and a broken verifier still shows in the second token."""
     if broken:
         monkeypatch.setattr(tree_module, "residual", lambda p, q, token: p)

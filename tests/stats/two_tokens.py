@@ -1,7 +1,8 @@
 """The end-to-end sampling setting the statistical tests share: a tiny target, a repetitive prompt (so
 prompt lookup drafts from it), and the exact joint distribution of the first two generated tokens. The tests
-draft from the first step (SpecConfig.first_step_drafts), so the verifier decides both tokens; by default the
-first token is the target's alone and only the second is verified (test_e2e_sampling tests that too)."""
+draft from the first step (SpecConfig.first_step_drafts), so the verifier decides both tokens; by default a
+drafter without free drafts (a draft model) leaves the first token to the target and only the second is verified
+(test_e2e_sampling tests that too)."""
 from __future__ import annotations
 
 import dataclasses

@@ -45,6 +45,34 @@ def test_drafts_go_back_to_their_own_sequences():
     assert a.finished == [0, 2, 3] and b.finished == [1, 4]
 
 
+class _Asked(_Echo):
+    """An _Echo that records the k each sequence asked it for."""
+
+    def __init__(self, tag: int, free: bool):
+        super().__init__(tag)
+        self.capabilities, self.asked = Capabilities(free_drafts=free), []
+
+    def propose(self, seqs):
+        self.asked.extend(seq.k for seq in seqs)
+        return [Draft.chain([self.tag][: seq.k]) for seq in seqs]
+
+
+def test_a_step_allowing_free_drafts_alone_asks_other_drafters_for_none():
+    """Some of the drafters have free drafts, so the router says it has them; a free_only sequence of a drafter
+    without them is asked for k 0 (its drafter still sees the step), and the others as they asked."""
+    free, model = _Asked(100, free=True), _Asked(200, free=False)
+    router = RoutingDrafter({"free": free, "model": model}, default="free")
+    assert router.capabilities.free_drafts
+    seqs = [SequenceContext(i, [1, 2], i, 2, SamplingConfig(), torch.Generator()) for i in range(4)]
+    for seq, name, free_only in zip(seqs, ["free", "model", "model", "free"], [True, True, False, False]):
+        router.start(seq)
+        router.choose(seq, name)
+        seq.free_only = free_only
+    drafts = router.propose(seqs)
+    assert (free.asked, model.asked) == ([2, 2], [0, 2])
+    assert [d.tokens for d in drafts] == [(100,), (), (200,), (100,)]
+
+
 class _Declares(BaseDrafter):
     def __init__(self, capabilities: Capabilities, nodes_per_k: int = 1):
         self.capabilities, self.nodes_per_k = capabilities, nodes_per_k
