@@ -538,7 +538,7 @@ class StepClock:
 class StepPlan:
     """What the plan phase decided for the batch: per sequence its drafter's proposal, the proposal fitted to
     its grammar (None without one) and the draft the pass verifies, and whether the drafter reads the sequence's
-    prompt in it (its first draft)."""
+    prompt in it (its first draft that may pay passes)."""
 
     seqs: list[Sequence]
     proposed: list[Draft]
