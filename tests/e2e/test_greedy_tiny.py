@@ -84,8 +84,9 @@ def test_draft_model_greedy_with_a_shortlist(weights, tiny_target, tiny_tokenize
 def test_hybrid_greedy_equals_plain_on_each_path(free, seed, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
     """Every step of the hybrid one way (tests.fakes.ForcedHybrid): suffix's trees alone, the draft model's chains
     alone, and chains led by up to two of suffix's tokens; the rule that picks among them is tested in
-    tests/unit/test_hybrid.py. Free rows: suffix drafts all it finds, so every path is taken often."""
-    spec = SpecConfig(k=4)
+    tests/unit/test_hybrid.py. Free rows: suffix drafts all it finds, so every path is taken often. The first step
+    drafts in full too (first_step_drafts), or it would ask for free drafts alone."""
+    spec = SpecConfig(k=4, first_step_drafts=True)
     hybrid = ForcedHybrid(tiny_drafter(tiny_target, "hybrid", spec, tiny_draft_dir, row_cost=0.0), free, seed)
     _check_greedy(Engine(tiny_target, hybrid, spec), "hybrid", tiny_tokenizer, references)
     assert (hybrid.free_drafts > 0, hybrid.model_drafts > 0, hybrid.seeded_drafts > 0) == (free, not free, seed > 0)
