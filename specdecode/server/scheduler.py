@@ -476,13 +476,11 @@ class Scheduler:
         elif cap.free_only:
             self.metrics.free_only.inc()
         lengths = {slot.seq.ctx.seq_id: slot.length for slot in slots}
-        plain = {slot.seq.ctx.seq_id for slot in slots  # a seeded row keeps its own K at any load (DraftLength)
-                 if cap.free_only and not slot.drafts_free and not slot.length.seeded}
-        for slot in slots:  # a seeded row keeps its own drafts at any load (DraftLength)
-            slot.seq.ctx.free_only = cap.free_only and not slot.length.seeded
+        for slot in slots:  # a seeded row keeps its own drafts at any load (DraftLength); the router asks a free-only
+            slot.seq.ctx.free_only = cap.free_only and not slot.length.seeded  # row without free drafts for none
 
         def draft_len(seq: Sequence) -> int:
-            return 0 if seq.ctx.seq_id in plain else lengths[seq.ctx.seq_id].k(seq.length.k, cap.k)
+            return lengths[seq.ctx.seq_id].k(seq.length.k, cap.k)
 
         began = time.perf_counter()
         try:
