@@ -49,6 +49,7 @@ OVERALL_COLUMNS: list[Column] = [
     Column("same_as_plain", "= our plain", lambda row: "-" if row.get("same_as_plain") is None
            else f"{row['same_as_plain']}/{row['turns']}"),
     Column("time_split", "prefill / draft / verify", _split),
+    Column("first_token_ms", "first token ms (median)", _num("first_token_ms", ".0f")),
     Column("peak_rss_mb", "peak RSS MB", _num("peak_rss_mb", ".0f")),
 ]
 

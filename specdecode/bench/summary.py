@@ -3,6 +3,7 @@ The conventions (ratios of sums, Spec-Bench style) are in CONVENTIONS, which rep
 plain dicts so a later column (e.g. fraction of the bandwidth floor) is one more key."""
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Any
 
@@ -25,6 +26,8 @@ CONVENTIONS = (
     "multi-turn: later turns follow the baseline's answers, for every method",
     "time_split = shares of the wall seconds spent prefilling, drafting and verifying, by the engine's own timers "
     "(the rest: committing, detokenizing, the loop; null for methods without those timers)",
+    "first_token_ms = the median over the cell's turns of the engine's milliseconds to the first token (the "
+    "prefill and the first step; null for methods without that timer)",
     "peak_rss_mb = the highest peak resident set size (MiB) of the whole process while the method decoded one "
     "of the cell's turns (every loaded model counts, so compare methods by their differences)",
 )
@@ -80,6 +83,7 @@ def _row(method: str, category: str, cell: list[Record], base_rate: float | None
         "tau": _round(_ratio(tokens, _sum(cell, "passes")), 4),
         "acceptance_rate": _round(_ratio(_sum(cell, "accepted"), _sum(cell, "proposed") or None), 4),
         "time_split": _time_split(cell, seconds),
+        "first_token_ms": _first_token_ms(cell),
         "peak_rss_mb": _peak_rss(cell),
         "lossless_prompts": None,
         "mismatches": None,
@@ -105,6 +109,14 @@ def _time_split(cell: list[Record], seconds: float) -> dict[str, float] | None:
     if seconds <= 0 or any(p is None for p in phases):
         return None
     return {name: round(sum(p[i] for p in phases) / seconds, 4) for i, name in enumerate(SPLIT)}
+
+
+def _first_token_ms(cell: list[Record]) -> float | None:
+    """The median of the cell's times to the first token, in ms; None when a run has no such timer (a peer's)."""
+    times = [r.generation.first_token_s for r in cell]
+    if not times or any(t is None for t in times):
+        return None
+    return round(1000 * statistics.median(times), 2)
 
 
 def _peak_rss(cell: list[Record]) -> float | None:
