@@ -41,9 +41,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                              "of the free GPU memory after loading)")
     parser.add_argument("--k-policy", choices=K_POLICIES, default="measured",
                         help="per-step draft length: measured (the built-in cost table for SmolLM2-135M, int4 or "
-                             "fp32 on a 2-core CPU; any other model's verify passes timed at start-up: 22-25 s for "
-                             "the Qwen 1.5B), calibrate (time this model's on a finer grid at start-up and print "
-                             "them), fixed (always --k)")
+                             "fp32 on a 2-core CPU; any other model's verify passes timed at start-up, 11-13 s for "
+                             "the Qwen 1.5B, and kept for later starts, which time two of them again, ~2 s), "
+                             "calibrate (time this model's on a finer grid at start-up and print them), fixed "
+                             "(always --k)")
 
 
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,

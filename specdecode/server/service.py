@@ -11,21 +11,26 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdecode.backends.cpu import native
 from specdecode.backends.cpu.own_thread import run_in_own_thread
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Drafter
+from specdecode.core.pass_costs import time_passes
 from specdecode.core.target import Target
 from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read, registry
 from specdecode.errors import ConfigError, OptionError
 from specdecode.loading.load import check_kv_half, load_model
+from specdecode.paths import cache_root
+from specdecode.server import cost_store
 from specdecode.server.app import ServerConfig, Service
 from specdecode.server.app import build_service as assemble
 from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
 
 K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
-# 1.5B on a 2-core CPU: 11-12 s at start-up over batches 1-4, 22-25 s over batches 1-8)
+# 1.5B on the 2-core Zen 4 VM: 11-13 s at start-up over batches 1-8; a later start checks the kept table in ~2 s)
 QUICK_QS, QUICK_ROUNDS = (1, 2, 3, 5, 9), 3
+CONTEXT = 256  # cached tokens per row while the passes are timed
 SAY_AFTER_S = 2.0  # ... said on stderr when it took this long (a tiny model's 0.2 s is not worth a line)
 AUTO_KV_SHARE = 0.4  # kv_cache_bytes' default: this share of the machine's RAM (or free GPU memory)
 
@@ -147,13 +152,34 @@ def _policy(config: ServeConfig, target: Target) -> SpecPolicy | None:
     if config.k_policy == "calibrate":
         table = calibrate(target, batches=batches)
         print(f"verify-pass cost (ms) measured for --k-policy calibrate:\n{table.markdown()}", file=sys.stderr)
-    else:  # measured, for a model the built-in tables do not describe: time its own passes, on a coarser grid
+    else:  # measured, for a model the built-in tables do not describe: its own passes, on a coarser grid
         began = time.perf_counter()
-        table = calibrate(target, batches=batches, qs=QUICK_QS, repeats=QUICK_ROUNDS)
+        grid = (batches, QUICK_QS)
+        path = cost_store.path_for(cache_root(), _cost_key(config, target, grid))
+        had = cost_store.checked_table(
+            path, grid, lambda: calibrate(target, batches=batches, qs=QUICK_QS, context=CONTEXT, repeats=QUICK_ROUNDS),
+            lambda shapes: time_passes(target, shapes, context=CONTEXT, rounds=QUICK_ROUNDS), worth_s=SAY_AFTER_S)
+        table = had.table
         if (seconds := time.perf_counter() - began) >= SAY_AFTER_S:  # a wait the user notices says why
-            print(f"--k-policy measured: no built-in verify-pass costs for this model, so they were timed at "
-                  f"start-up ({seconds:.1f} s; --k-policy calibrate times more and prints them)", file=sys.stderr)
+            if had.source == "stored":
+                print(f"--k-policy measured: verify-pass costs of an earlier start, two of them timed again "
+                      f"({seconds:.1f} s; {path})", file=sys.stderr)
+            else:
+                print(f"--k-policy measured: no built-in verify-pass costs for this model, so they were timed at "
+                      f"start-up ({seconds:.1f} s; {had.reason}; kept for the next start in {path}; --k-policy "
+                      f"calibrate times more and prints them)", file=sys.stderr)
     return SpecPolicy(table, max_k=max_k, ragged=target.packed_decoder)
+
+
+def _cost_key(config: ServeConfig, target: Target, grid: tuple[tuple[int, ...], tuple[int, ...]]) -> dict:
+    """What decides a model's verify-pass costs on this machine (cost_store): the model as configured and its
+    architecture, the kernels, the threads, the CPU and the grid."""
+    kernels = os.environ.get(native.CHOICE) or (native.best_variant() if native.missing() is None else None)
+    architecture = target.config.to_dict() if hasattr(target.config, "to_dict") else vars(target.config)
+    return {"model": dataclasses.asdict(config.model), "architecture": architecture,
+            "packed": bool(getattr(target, "packed_decoder", False)), "kernels": kernels,
+            "threads": torch.get_num_threads(), **cost_store.machine(), "grid": grid, "context": CONTEXT,
+            "rounds": QUICK_ROUNDS}
 
 
 def _powers(limit: int) -> tuple[int, ...]:

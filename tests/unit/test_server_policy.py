@@ -145,16 +145,42 @@ def test_measured_uses_the_builtin_table_for_its_model():
     assert policy.table is builtin_table(True) and policy.ragged
 
 
-def test_measured_times_any_other_models_passes(tiny_target, capsys, monkeypatch):
+def test_measured_times_any_other_models_passes(tiny_target, capsys, monkeypatch, tmp_path):
     """SmolLM2's milliseconds priced the Qwen pair's drafting (timed online, in its own milliseconds) as a loss at
     every batch size, so the server never drafted for it: another model gets its own costs."""
     monkeypatch.setattr(service, "SAY_AFTER_S", 0.0)  # a tiny model's timing is quicker than a line is worth
+    monkeypatch.setattr(service, "cache_root", lambda: tmp_path)
     policy = _policy(ServeConfig(k_policy="measured", max_batch=2), tiny_target)
     assert policy.table not in (SMOLLM2_CPU_INT4, SMOLLM2_CPU_FP32)
     assert (policy.table.batches, policy.table.qs) == ((1, 2), QUICK_QS)
     assert all(ms >= 0 for row in policy.table.ms for ms in row)
     assert "timed at start-up" in capsys.readouterr().err
     assert _policy(ServeConfig(k_policy="fixed"), tiny_target) is None
+
+
+def test_measured_costs_serve_the_next_start_once_checked(tiny_target, capsys, monkeypatch, tmp_path):
+    """The first start times the grid and keeps it (server/cost_store.py); the next uses it once two cells timed
+    again agree with it, and times the whole grid again when they do not."""
+    monkeypatch.setattr(service, "SAY_AFTER_S", 0.0)
+    monkeypatch.setattr(service, "cache_root", lambda: tmp_path)
+    config = ServeConfig(k_policy="measured", max_batch=2)
+    first = _policy(config, tiny_target).table
+    assert "kept for the next start" in capsys.readouterr().err
+    assert len(list((tmp_path / "pass-costs").glob("*.json"))) == 1
+    cell = {(b, q): first.ms[i][j] / 1000 for i, b in enumerate(first.batches) for j, q in enumerate(first.qs)}
+    spotted = []
+    monkeypatch.setattr(service, "time_passes", lambda target, shapes, **_: spotted.append(shapes) or {
+        shape: cell[shape] for shape in shapes})
+    monkeypatch.setattr(service, "calibrate", lambda *a, **k: pytest.fail("a checked table is timed again"))
+    assert _policy(config, tiny_target).table == first
+    assert spotted == [[(2, 1), (1, 9)]]  # the grid's corners: most rows at one token, one row at most tokens
+    assert "of an earlier start" in capsys.readouterr().err
+    slower = {shape: 1.5 * seconds for shape, seconds in cell.items()}
+    monkeypatch.setattr(service, "time_passes", lambda target, shapes, **_: {shape: slower[shape] for shape in shapes})
+    again = CostTable(first.batches, first.qs, tuple(tuple(1.5 * v for v in row) for row in first.ms))
+    monkeypatch.setattr(service, "calibrate", lambda *a, **k: again)
+    assert _policy(config, tiny_target).table == again
+    assert "a pass of 2 x 1 tokens took" in capsys.readouterr().err
 
 
 # the Qwen 1.5B's verify passes on the 2-core CPU (least of 3 rounds, 300 cached tokens; docs/serving.md)
