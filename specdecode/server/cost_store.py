@@ -3,8 +3,8 @@ built-in costs (the Qwen pair with `hybrid` on the 2-core Zen 4 VM: 11.6 of 20.2
 machine gives the same table within a timing's own spread (three fresh processes: cells within 18 %). So the
 table is stored under the cache root, keyed by what decides it (the model and its weights, the kernels, the
 threads, the CPU, the grid), and a later start uses it only after two of its cells, timed again now, agree with it
-within TOLERANCE (about a second); otherwise every cell is timed again and stored. `--k-policy calibrate` always
-times the whole grid."""
+within TOLERANCE (a check of ~2 s for the Qwen 1.5B); otherwise every cell is timed again and stored.
+`--k-policy calibrate` always times the whole grid."""
 from __future__ import annotations
 
 import contextlib
@@ -30,11 +30,13 @@ Shape = tuple[int, int]  # (rows, tokens per row)
 @dataclass(frozen=True)
 class Stored:
     """How the table was had: `source` is "stored" (a file's, checked now), "timed" (no usable file) or
-    "retimed" (a file's cells no longer agreed); `reason` says why it was timed."""
+    "retimed" (a file's cells no longer agreed); `reason` says why it was timed; `kept`: a timed table was
+    written for the next start."""
 
     table: CostTable
     source: str
     reason: str = ""
+    kept: bool = False
 
 
 def path_for(root: Path, key: Mapping[str, Any]) -> Path:
@@ -52,21 +54,24 @@ def checked_table(path: Path, grid: tuple[Sequence[int], Sequence[int]], measure
     batches, qs = tuple(grid[0]), tuple(grid[1])
     stored = _read(path, batches, qs)
     if stored is None:
-        return Stored(_measured(path, measure, worth_s), "timed", "no stored table")
+        table, kept = _measured(path, measure, worth_s)
+        return Stored(table, "timed", "no stored table", kept)
     corners = [(batches[-1], qs[0]), (batches[0], qs[-1])]
     now = spot(corners)
     for b, q in corners:
         then = stored.ms[batches.index(b)][qs.index(q)]
         if then <= 0 or abs(1000 * now[b, q] / then - 1) > TOLERANCE:
             reason = f"a pass of {b} x {q} tokens took {1000 * now[b, q]:.1f} ms against {then:.1f} stored"
-            return Stored(_measured(path, measure, worth_s), "retimed", reason)
+            table, kept = _measured(path, measure, worth_s)
+            return Stored(table, "retimed", reason, kept)
     return Stored(stored, "stored")
 
 
-def _measured(path: Path, measure: Callable[[], CostTable], worth_s: float) -> CostTable:
+def _measured(path: Path, measure: Callable[[], CostTable], worth_s: float) -> tuple[CostTable, bool]:
+    """measure()'s table, and whether it was written at `path` (only when it took at least worth_s)."""
     began = time.perf_counter()
     table = measure()
-    return _write(path, table) if time.perf_counter() - began >= worth_s else table
+    return table, time.perf_counter() - began >= worth_s and _write(path, table)
 
 
 def _read(path: Path, batches: tuple[int, ...], qs: tuple[int, ...]) -> CostTable | None:
@@ -83,9 +88,9 @@ def _read(path: Path, batches: tuple[int, ...], qs: tuple[int, ...]) -> CostTabl
     return CostTable(batches, qs, ms)
 
 
-def _write(path: Path, table: CostTable) -> CostTable:
+def _write(path: Path, table: CostTable) -> bool:
     """Store `table` at `path` whole or not at all (a file of its own, then renamed: two servers starting at once
-    never read half a file)."""
+    never read half a file); False where the cache cannot be written."""
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +102,8 @@ def _write(path: Path, table: CostTable) -> CostTable:
         with contextlib.suppress(OSError):
             if temporary is not None:
                 temporary.unlink(missing_ok=True)
-    return table
+        return False
+    return True
 
 
 def machine() -> dict[str, Any]:

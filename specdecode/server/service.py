@@ -165,9 +165,10 @@ def _policy(config: ServeConfig, target: Target) -> SpecPolicy | None:
                 print(f"--k-policy measured: verify-pass costs of an earlier start, two of them timed again "
                       f"({seconds:.1f} s; {path})", file=sys.stderr)
             else:
+                kept = f"kept for the next start in {path}" if had.kept else f"not kept: {path} cannot be written"
                 print(f"--k-policy measured: no built-in verify-pass costs for this model, so they were timed at "
-                      f"start-up ({seconds:.1f} s; {had.reason}; kept for the next start in {path}; --k-policy "
-                      f"calibrate times more and prints them)", file=sys.stderr)
+                      f"start-up ({seconds:.1f} s; {had.reason}; {kept}; --k-policy calibrate times more and prints "
+                      f"them)", file=sys.stderr)
     return SpecPolicy(table, max_k=max_k, ragged=target.packed_decoder)
 
 

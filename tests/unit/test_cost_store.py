@@ -32,7 +32,7 @@ def _never():
 def test_a_first_start_times_and_stores_the_table(tmp_path):
     path = tmp_path / "pass-costs" / "x.json"
     had = checked_table(path, GRID, lambda: TABLE, _spot(TABLE))
-    assert (had.table, had.source) == (TABLE, "timed") and path.is_file()
+    assert (had.table, had.source, had.kept) == (TABLE, "timed", True) and path.is_file()
     spot = _spot(TABLE)
     again = checked_table(path, GRID, _never, spot)
     assert (again.table, again.source) == (TABLE, "stored")
@@ -66,16 +66,16 @@ def test_an_unreadable_or_other_grids_file_is_timed_over(tmp_path):
 
 def test_a_quick_timing_is_not_stored(tmp_path):
     path = tmp_path / "t.json"
-    assert checked_table(path, GRID, lambda: TABLE, _spot(TABLE), worth_s=60.0).table == TABLE
-    assert not path.exists()
+    had = checked_table(path, GRID, lambda: TABLE, _spot(TABLE), worth_s=60.0)
+    assert (had.table, had.kept) == (TABLE, False) and not path.exists()
 
 
 def test_a_cache_that_cannot_be_written_still_serves_the_table(tmp_path):
     blocker = tmp_path / "pass-costs"
     blocker.write_text("a file where the directory would be")
     path = blocker / "t.json"
-    assert checked_table(path, GRID, lambda: TABLE, _spot(TABLE)).table == TABLE
-    assert list(tmp_path.iterdir()) == [blocker]
+    had = checked_table(path, GRID, lambda: TABLE, _spot(TABLE))
+    assert (had.table, had.kept) == (TABLE, False) and list(tmp_path.iterdir()) == [blocker]
 
 
 def test_each_key_has_its_own_file(tmp_path):
