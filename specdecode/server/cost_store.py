@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -105,13 +104,3 @@ def _write(path: Path, table: CostTable) -> bool:
         return False
     return True
 
-
-def machine() -> dict[str, Any]:
-    """What identifies this machine's CPU for the key: its model name (Linux) and logical CPUs."""
-    name = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.partition(":")[2].strip()
-                break
-    return {"cpu": name, "cpus": os.cpu_count()}

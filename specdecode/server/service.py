@@ -176,10 +176,9 @@ def _cost_key(config: ServeConfig, target: Target, grid: tuple[tuple[int, ...], 
     """What decides a model's verify-pass costs on this machine (cost_store): the model as configured and its
     architecture, the kernels, the threads, the CPU and the grid."""
     kernels = os.environ.get(native.CHOICE) or (native.best_variant() if native.missing() is None else None)
-    architecture = target.config.to_dict() if hasattr(target.config, "to_dict") else vars(target.config)
-    return {"model": dataclasses.asdict(config.model), "architecture": architecture,
-            "packed": bool(getattr(target, "packed_decoder", False)), "kernels": kernels,
-            "threads": torch.get_num_threads(), **cost_store.machine(), "grid": grid, "context": CONTEXT,
+    return {"model": dataclasses.asdict(config.model), "architecture": target.config.to_dict(),
+            "packed": target.packed_decoder, "kernels": kernels, "threads": torch.get_num_threads(),
+            "cpu": native.cpu_name(), "cpus": os.cpu_count(), "grid": grid, "context": CONTEXT,
             "rounds": QUICK_ROUNDS}
 
 

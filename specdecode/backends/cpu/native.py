@@ -110,16 +110,26 @@ def missing() -> str | None:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux's /proc/cpuinfo; empty where there is none)."""
+def _cpuinfo(field: str) -> str:
+    """The first `field` line's value in Linux's /proc/cpuinfo ("" where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+        if line.startswith(field):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (empty where /proc/cpuinfo has none)."""
+    return frozenset(_cpuinfo("flags").split())
+
+
+def cpu_name() -> str:
+    """The CPU's model name ("AMD EPYC" on the Zen 4 VM; "" where /proc/cpuinfo has none)."""
+    return _cpuinfo("model name")
 
 
 def describe() -> str:
