@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,6 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from specdecode.backends.cpu import linear
 from specdecode.backends.cpu.linear import HalfEmbedding, PackedLinear
 from specdecode.loading.gguf import MANIFEST
+from specdecode.paths import write_whole
 
 FORMAT = 2
 _CODE = (Path(linear.__file__),)  # the packing code: a change to it names new copies
@@ -92,18 +91,8 @@ def save(model: nn.Module, path: Path) -> bool:
     tensors = {key: value for key, value in model.state_dict().items() if key not in skip}
     persistent = set(model.state_dict())
     buffers = {key: value for key, value in model.named_buffers() if key not in persistent}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, staging = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
-        os.close(handle)
-        try:
-            torch.save({"format": FORMAT, "packed": packed, "half": half, "tensors": tensors, "buffers": buffers},
-                       staging)
-            os.replace(staging, path)
-        finally:
-            if os.path.exists(staging):
-                os.remove(staging)
-    except OSError:
+    saved = {"format": FORMAT, "packed": packed, "half": half, "tensors": tensors, "buffers": buffers}
+    if not write_whole(path, lambda staging: torch.save(saved, staging)):
         return False
     for old in _stale(path):
         try:

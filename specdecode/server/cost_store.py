@@ -7,17 +7,15 @@ within TOLERANCE (a check of ~2 s for the Qwen 1.5B); otherwise every cell is ti
 `--k-policy calibrate` always times the whole grid."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdecode.paths import write_whole
 from specdecode.server.policy import CostTable
 
 TOLERANCE = 0.25  # a checked cell may differ from the stored one by this share (measured spread: up to 18 %)
@@ -89,18 +87,8 @@ def _read(path: Path, batches: tuple[int, ...], qs: tuple[int, ...]) -> CostTabl
 
 def _write(path: Path, table: CostTable) -> bool:
     """Store `table` at `path` whole or not at all (a file of its own, then renamed: two servers starting at once
-    never read half a file); False where the cache cannot be written."""
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as out:
-            temporary = Path(out.name)
-            json.dump({"batches": table.batches, "qs": table.qs, "ms": table.ms}, out)
-        os.replace(temporary, path)
-    except OSError:  # a read-only cache: the table serves this start and is timed again at the next
-        with contextlib.suppress(OSError):
-            if temporary is not None:
-                temporary.unlink(missing_ok=True)
-        return False
-    return True
+    never read half a file); False where the cache cannot be written (the table serves this start and is timed
+    again at the next)."""
+    text = json.dumps({"batches": table.batches, "qs": table.qs, "ms": table.ms})
+    return write_whole(path, lambda staging: Path(staging).write_text(text))
 

@@ -2,8 +2,11 @@
 as it runs now."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from specdecode.paths import write_whole
 from specdecode.server.cost_store import TOLERANCE, checked_table, path_for
 from specdecode.server.policy import CostTable
 
@@ -83,3 +86,16 @@ def test_each_key_has_its_own_file(tmp_path):
     assert path_for(tmp_path, key) != path_for(tmp_path, {**key, "threads": 1})
     assert path_for(tmp_path, key).parent == tmp_path / "pass-costs"
 
+
+
+def test_a_write_that_fails_leaves_neither_file_nor_staging(tmp_path):
+    """paths.write_whole, which the packed-model cache shares: the file appears whole or not at all."""
+    path = tmp_path / "t.json"
+
+    def half(staging):
+        Path(staging).write_text('{"batches": [1')
+        raise OSError("disk full")
+
+    assert write_whole(path, half) is False and list(tmp_path.iterdir()) == []
+    assert write_whole(path, lambda staging: Path(staging).write_text("{}")) is True
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"] and path.read_text() == "{}"
