@@ -132,6 +132,12 @@ class Capabilities:
                             any(c.free_drafts for c in parts))
 
 
+def drafts_asked(capabilities: Capabilities, ctx: SequenceContext) -> int:
+    """The draft length a drafter is asked for: none in a step that allows no draft pass (ctx.free_only) when it
+    has no free drafts, else ctx.k. The engine asks its drafter so, and a router each of its drafters."""
+    return 0 if ctx.free_only and not capabilities.free_drafts else ctx.k
+
+
 class Drafter(Protocol):
     """Proposes drafts for a batch of sequences and learns from what the target accepted."""
 

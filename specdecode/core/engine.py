@@ -16,7 +16,7 @@ import torch
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.detok import StopText
-from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext
+from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext, drafts_asked
 from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.penalties import check_bias, path_tokens, penalize
@@ -277,29 +277,26 @@ class Engine:
 
     def _plan(self, seqs: list[Sequence], draft_len: Callable[[Sequence], int] | None, clock: StepClock) -> StepPlan:
         """Plan: each sequence's speculation length, the drafter's proposals, each fitted to its grammar."""
-        free = self.drafter.capabilities.free_drafts
-        opening = [False] * len(seqs)  # per sequence: its first step, which asks for free drafts alone
-        for b, seq in enumerate(seqs):
-            remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
-            wanted = seq.length.k if draft_len is None else draft_len(seq)
-            seq.ctx.k = max(0, min(wanted, remaining - 1))
-            # the first step drafts only what costs no draft pass (ctx.free_only) unless asked
-            # (SpecConfig.first_step_drafts), so the first token comes about as soon as in plain decoding: a draft
-            # model would read the whole prompt first. The drafter reads the prompt at its first draft that may pay
-            # passes, a later step
-            if seq.metrics.new_tokens == 0 and not self.spec.first_step_drafts and seq.ctx.k > 0:
-                opening[b] = free
-                seq.ctx.k = seq.ctx.k if free else 0
-        first = [seq.ctx.k > 0 and not (seq.drafted or opens) for seq, opens in zip(seqs, opening)]  # reads the prompt
-        for seq, opens in zip(seqs, opening):
-            seq.drafted = seq.drafted or (seq.ctx.k > 0 and not opens)
-            if seq.length.paused:  # visible: why this step drafts nothing (GenerationMetrics.paused_steps)
-                paused = seq.metrics.paused_steps
-                paused[seq.length.reason] = paused.get(seq.length.reason, 0) + 1
         asked = [seq.ctx.free_only for seq in seqs]  # the caller's (a server's) choice, back after proposing
-        for seq, opens in zip(seqs, opening):
-            seq.ctx.free_only = seq.ctx.free_only or opens
         try:
+            for seq in seqs:
+                remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
+                wanted = seq.length.k if draft_len is None else draft_len(seq)
+                seq.ctx.k = max(0, min(wanted, remaining - 1))
+                # the first step drafts only what costs no draft pass (ctx.free_only) unless asked
+                # (SpecConfig.first_step_drafts), so the first token comes about as soon as in plain decoding: a
+                # draft model would read the whole prompt first
+                seq.ctx.free_only = seq.ctx.free_only or (
+                    seq.metrics.new_tokens == 0 and not self.spec.first_step_drafts)
+                seq.ctx.k = drafts_asked(self.drafter.capabilities, seq.ctx)
+                if seq.length.paused:  # visible: why this step drafts nothing (GenerationMetrics.paused_steps)
+                    paused = seq.metrics.paused_steps
+                    paused[seq.length.reason] = paused.get(seq.length.reason, 0) + 1
+            # the drafter reads the prompt at its first draft that may pay passes
+            paying = [seq.ctx.k > 0 and not seq.ctx.free_only for seq in seqs]
+            first = [pays and not seq.drafted for seq, pays in zip(seqs, paying)]
+            for seq, pays in zip(seqs, paying):
+                seq.drafted = seq.drafted or pays
             proposed = self.drafter.propose([seq.ctx for seq in seqs])
         finally:
             for seq, free_only in zip(seqs, asked):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from specdecode.core.drafting import Capabilities, Draft, Drafter, SequenceContext
+from specdecode.core.drafting import Capabilities, Draft, Drafter, SequenceContext, drafts_asked
 from specdecode.errors import ConfigError
 
 _KEY, _STARTED = "drafter", "drafter_started"
@@ -50,9 +50,8 @@ class RoutingDrafter:
             groups.setdefault(seq.extra[_KEY], []).append(i)
         drafts: list[Draft] = [Draft()] * len(seqs)
         for name, members in groups.items():
-            if not self.drafters[name].capabilities.free_drafts:  # a step allowing no draft pass asks it for none
-                for i in members:
-                    seqs[i].k = 0 if seqs[i].free_only else seqs[i].k
+            for i in members:
+                seqs[i].k = drafts_asked(self.drafters[name].capabilities, seqs[i])
             for i, draft in zip(members, self.drafters[name].propose([seqs[i] for i in members])):
                 drafts[i] = draft
         return drafts

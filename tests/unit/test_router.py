@@ -4,7 +4,7 @@ check catches a mix-up)."""
 import torch
 
 from specdecode.config import SamplingConfig, SpecConfig
-from specdecode.core.drafting import Capabilities, Draft, SequenceContext
+from specdecode.core.drafting import Capabilities, Draft, SequenceContext, drafts_asked
 from specdecode.core.engine import Engine
 from specdecode.drafters.common.base import BaseDrafter
 from specdecode.server.router import RoutingDrafter
@@ -112,3 +112,12 @@ def test_router_reports_the_union_of_its_drafters_capabilities():
     target = _WarmupRecorder()
     Engine(target, fused, SpecConfig(k=3)).warmup()
     assert target.calls == [(16, True, None, (1, 2, 3))]
+
+
+def test_a_step_allowing_no_draft_pass_asks_only_free_drafters_for_drafts():
+    """drafts_asked, the one rule the engine (its first steps) and the router (each drafter) follow."""
+    ctx = SequenceContext(0, [1, 2], 0, 4, SamplingConfig(), torch.Generator())
+    free, paying = Capabilities(free_drafts=True), Capabilities()
+    assert (drafts_asked(free, ctx), drafts_asked(paying, ctx)) == (4, 4)
+    ctx.free_only = True
+    assert (drafts_asked(free, ctx), drafts_asked(paying, ctx)) == (4, 0)
