@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import secrets
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
@@ -37,21 +35,18 @@ from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
-from specdecode.server.logprobs import chat_logprobs, completion_logprobs
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
+from specdecode.server.replies import Choice, Reply, sse, whole
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import (
     NO_SPECULATION,
     Failed,
-    Finished,
     Job,
     QueueFull,
-    RequestStats,
     Scheduler,
     SchedulerConfig,
-    TextDelta,
     Ticket,
     TooLarge,
 )
@@ -281,7 +276,8 @@ def _request_schemas(service: Service) -> dict[str, dict]:
             if name in properties:
                 properties[name] = tokens
     schemas["SpeculationOptions"]["properties"]["drafter"] = {"enum": [None, *service.drafters]}
-    schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size)
+    schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size,
+                                                                    service.config.max_queue)
     message = schemas["ChatMessage"]  # content may be null or left out only in an assistant message: not told here
     message["required"] = [*message.get("required", []), "content"]
     content = message["properties"]["content"]
@@ -289,12 +285,12 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     return schemas
 
 
-def _prompt_schema(vocab: int) -> dict:
-    """A non-empty text or list of token ids, alone or as a batch of one."""
+def _prompt_schema(vocab: int, most: int) -> dict:
+    """A non-empty text or list of token ids, alone or as a batch of up to `most` of them."""
     text = {"type": "string", "minLength": 1}
     ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": vocab - 1}}
-    return {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}, ids,
-                      {"type": "array", "items": ids, "minItems": 1, "maxItems": 1}]}
+    return {"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": most}, ids,
+                      {"type": "array", "items": ids, "minItems": 1, "maxItems": most}]}
 
 
 async def _counted(service: Service, endpoint: str, work) -> Response:
@@ -331,152 +327,68 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
                             f"{service.config.model_name!r}",
                        param="model", code="model_not_found")
     shape = await asyncio.to_thread(_output_shape, service, req)  # compiling a grammar must not stall the streams
-    prompt_ids = await asyncio.to_thread(_encode, service, req, chat)  # a long prompt must not stall the streams
-    job = _job(service, req, prompt_ids, shape)
-    ticket = Ticket(job, asyncio.get_running_loop())
-    try:
-        service.scheduler.submit(ticket)
-    except QueueFull as error:
-        raise APIError(429, str(error), "rate_limit_error", code="queue_full") from None
-    except TooLarge as error:
-        raise APIError(413, str(error), param="max_tokens", code="kv_cache_too_small") from None
-    reply = _Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
+    prompts = await asyncio.to_thread(_encode, service, req, chat)  # a long prompt must not stall the streams
+    n = req.n or 1
+    if len(prompts) * n > service.config.max_queue:
+        raise bad_request(f"the request asks for {len(prompts) * n} choices ({len(prompts)} prompts x n={n}); this "
+                          f"server queues at most {service.config.max_queue} at once", "n" if n > 1 else "prompt",
+                          "invalid_value")
+    jobs = [_job(service, req, ids, shape) for ids in prompts]
+    echoes = await asyncio.to_thread(_echoes, service, req, prompts)
+    loop = asyncio.get_running_loop()
+    choices = [Choice(Ticket(choice, loop), echo) for job, echo in zip(jobs, echoes) for choice in _nth(job, n)]
+    _submit(service, [choice.ticket for choice in choices])
+    reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_sse(ticket, reply, include_usage, trace), media_type="text/event-stream",
+        return StreamingResponse(sse(choices, reply, n, include_usage, trace), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    watcher = asyncio.create_task(_watch_disconnect(request, ticket))
+    tickets = [choice.ticket for choice in choices]
+    watcher = asyncio.create_task(_watch_disconnect(request, tickets))
     try:
-        pieces: list[str] = []
-        logprobs: list = []
-        while True:
-            event = await ticket.next()
-            if isinstance(event, TextDelta):
-                pieces.append(event.text)
-                logprobs.extend(event.logprobs or ())
-            elif isinstance(event, Finished):
-                wanted = job.generation.logprobs is not None
-                return JSONResponse(reply.whole("".join(pieces), event, logprobs if wanted else None))
-            else:
-                raise APIError(event.status, event.message, event.kind, code=event.code)
+        return JSONResponse(await whole(choices, reply, n, jobs[0].generation.logprobs is not None))
     finally:
         watcher.cancel()
-        ticket.cancel()
+        for ticket in tickets:
+            ticket.cancel()
 
 
-async def _watch_disconnect(request: Request, ticket: Ticket) -> None:
-    """The body is read, so the next ASGI message is http.disconnect: free the request's row."""
+def _nth(job: Job, n: int) -> list[Job]:
+    """A prompt's n choices: choice j of a seeded request samples with seed + j (wrapping within the seed's
+    range), so each is reproducible and they differ; unseeded choices each draw their own."""
+    seed = job.sampling.seed
+    if seed is None:
+        return [job] * n
+    return [dataclasses.replace(job, sampling=dataclasses.replace(job.sampling, seed=_wrapped(seed + j)))
+            for j in range(n)]
+
+
+def _wrapped(seed: int) -> int:
+    return seed - (1 << 64) if seed >= 1 << 64 else seed
+
+
+def _submit(service: Service, tickets: list[Ticket]) -> None:
+    """All of a request's choices join the queue, or none: one refused takes back those already in."""
+    for i, ticket in enumerate(tickets):
+        try:
+            service.scheduler.submit(ticket)
+        except (QueueFull, TooLarge) as error:
+            for taken in tickets[:i]:
+                taken.cancel()
+            if isinstance(error, QueueFull):
+                raise APIError(429, str(error), "rate_limit_error", code="queue_full") from None
+            raise APIError(413, str(error), param="max_tokens", code="kv_cache_too_small") from None
+
+
+async def _watch_disconnect(request: Request, tickets: list[Ticket]) -> None:
+    """The body is read, so the next ASGI message is http.disconnect: free the request's rows."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            ticket.cancel()
-            ticket.post(Failed("client disconnected", status=499))
+            for ticket in tickets:
+                ticket.cancel()
+                ticket.post(Failed("client disconnected", status=499))
             return
-
-
-async def _sse(ticket: Ticket, reply: _Reply, include_usage: bool, trace: bool = False) -> AsyncIterator[str]:
-    """Server-sent events in OpenAI's chunk format, ending with [DONE]. On disconnect Starlette cancels this
-    generator; `finally` tells the scheduler, which frees the row before its next step. trace: every step's
-    tokens get a chunk with their origins, even while their text is held back (a stop string may begin there)."""
-    try:
-        if reply.chat:
-            yield _data(reply.chunk(role="assistant", text=""))
-        while True:
-            event = await ticket.next()
-            if isinstance(event, TextDelta):
-                if trace and event.token_ids:
-                    yield _data(reply.traced(event))
-                elif event.text or event.logprobs:
-                    yield _data(reply.chunk(text=event.text, logprobs=event.logprobs))
-            elif isinstance(event, Finished):
-                yield _data(reply.chunk(text="", finish_reason=event.finish_reason))
-                if include_usage:
-                    yield _data(reply.usage_chunk(event.stats))
-                break
-            else:
-                yield _data(APIError(event.status, event.message, event.kind, code=event.code).body())
-                break
-        yield "data: [DONE]\n\n"
-    finally:
-        ticket.cancel()
-
-
-def _data(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-class _Reply:
-    """Builds response bodies for one request (same id and timestamp in every chunk)."""
-
-    def __init__(self, model: str, chat: bool, token_text: Callable[[int], str]):
-        self.model, self.chat, self.token_text = model, chat, token_text
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self.offset = 0  # characters of token text sent so far (completions' text_offset)
-
-    def _head(self) -> dict:
-        return {"id": self.id, "created": self.created, "model": self.model}
-
-    def whole(self, text: str, event: Finished, logprobs: list | None) -> dict:
-        usage = _usage(event.stats)
-        if self.chat:
-            choice = s.ChatChoice(message=s.AssistantMessage(content=text), finish_reason=event.finish_reason,
-                                  logprobs=self._chat_logprobs(logprobs))
-            return s.ChatCompletion(**self._head(), choices=[choice], usage=usage).model_dump()
-        choice = s.CompletionChoice(text=text, finish_reason=event.finish_reason,
-                                    logprobs=self._completion_logprobs(logprobs))
-        return s.Completion(**self._head(), choices=[choice], usage=usage).model_dump()
-
-    def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
-              logprobs=None) -> dict:
-        if self.chat:
-            choice = s.ChatChunkChoice(delta=s.Delta(role=role, content=text if role is None else ""),
-                                       finish_reason=finish_reason, logprobs=self._chat_logprobs(logprobs))
-            return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
-        choice = s.CompletionChoice(text=text, finish_reason=finish_reason,
-                                    logprobs=self._completion_logprobs(logprobs))
-        return _dump(s.Completion(**self._head(), choices=[choice]))
-
-    def traced(self, event: TextDelta) -> dict:
-        """The event's chunk with its `speculation` field (s.SpeculationTrace)."""
-        body = self.chunk(text=event.text, logprobs=event.logprobs)
-        step = event.trace
-        assert step is not None and len(step.origins) == len(event.token_ids)
-        logprobs = event.logprobs or ()
-        tokens = [s.TracedToken(id=token, text=self.token_text(token), origin=origin, position=i + 1,
-                                logprob=logprobs[i].logprob if logprobs else None)
-                  for i, (token, origin) in enumerate(zip(event.token_ids, step.origins))]
-        trace = s.SpeculationTrace(k=step.k, drafted=step.depth, accepted=step.accepted, tokens=tokens)
-        body["speculation"] = trace.model_dump(exclude_none=True)
-        return body
-
-    def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
-        return None if entries is None else chat_logprobs(entries, self.token_text)
-
-    def _completion_logprobs(self, entries) -> s.CompletionLogprobs | None:
-        if entries is None:
-            return None
-        out = completion_logprobs(entries, self.token_text, self.offset)
-        self.offset += sum(len(token) for token in out.tokens)
-        return out
-
-    def usage_chunk(self, stats: RequestStats) -> dict:
-        model = s.ChatCompletionChunk if self.chat else s.Completion
-        return model(**self._head(), choices=[], usage=_usage(stats)).model_dump()
-
-
-def _dump(model: BaseModel) -> dict:
-    body = model.model_dump()
-    if body.get("usage") is None:
-        body.pop("usage", None)
-    return body
-
-
-def _usage(stats: RequestStats) -> s.Usage:
-    return s.Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
-                   total_tokens=stats.prompt_tokens + stats.completion_tokens, tau=stats.tau,
-                   target_passes=stats.target_passes, acceptance_rate=stats.acceptance_rate, drafter=stats.drafter,
-                   forced_tokens=stats.forced, prompt_tokens_details=s.PromptTokensDetails(cached_tokens=stats.cached))
 
 
 # -- validation and encoding ---------------------------------------------------------------------------------------
@@ -520,24 +432,33 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, chat: bool) -> list[int]:
+def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, chat: bool) -> list[list[int]]:
+    """The request's prompts as token ids (a chat request has one)."""
     with service.tokenizer_lock:
-        return _encode_chat(service, req) if chat else _encode_prompt(service, req)  # type: ignore[arg-type]
+        if chat:
+            return [_encode_chat(service, req)]  # type: ignore[arg-type]
+        return [_encode_prompt(service, prompt) for prompt in req.prompts()]  # type: ignore[union-attr]
 
 
-def _encode_prompt(service: Service, req: s.CompletionRequest) -> list[int]:
-    prompt = req.prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]  # a batch of one prompt of token ids
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+def _encode_prompt(service: Service, prompt: str | list[int]) -> list[int]:
+    if not prompt:
+        raise bad_request("the prompt is empty", "prompt", "invalid_value")
+    if isinstance(prompt, list):
         vocab = service.target.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt", "invalid_value")
         return list(prompt)
-    text = prompt[0] if isinstance(prompt, list) and prompt else prompt
-    if not isinstance(text, str) or not text:
-        raise bad_request("the prompt is empty", "prompt", "invalid_value")
-    return [int(i) for i in service.target.tokenizer(text, add_special_tokens=True)["input_ids"]]
+    return [int(i) for i in service.target.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+
+
+def _echoes(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest,
+            prompts: list[list[int]]) -> list[str]:
+    """What leads each prompt's choices: its text under completions' `echo` (token ids are decoded), else ""."""
+    if not getattr(req, "echo", False):
+        return [""] * len(prompts)
+    with service.tokenizer_lock:
+        return [prompt if isinstance(prompt, str) else service.target.tokenizer.decode(ids)
+                for prompt, ids in zip(req.prompts(), prompts)]  # type: ignore[union-attr]
 
 
 def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:

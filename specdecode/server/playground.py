@@ -3,7 +3,7 @@ no build step, nothing fetched from elsewhere) that talks only to this server's 
 
 The page itself is public, like /health: it holds nothing of the server's. Its calls to /v1/* carry the API key
 the user types (as `Authorization: Bearer`), so a server with `--api-key` still answers them only with the key.
-Each request asks for `speculation.trace` and colours the answer's tokens by their origin (app.py, _Reply.traced).
+Each request asks for `speculation.trace` and colours the answer's tokens by their origin (replies.py, Reply.traced).
 """
 from __future__ import annotations
 

@@ -133,6 +133,7 @@ class RequestStats:
     drafter: str
     forced: int = 0  # draft tokens the request's grammar forced
     cached: int = 0  # prompt tokens whose KV a finished request's row still held (Engine.prefix_reuse)
+    proposed: int = 0  # draft tokens proposed (acceptance_rate's denominator: a request's choices are summed)
 
 
 @dataclass(frozen=True)
@@ -559,7 +560,7 @@ class Scheduler:
     def _stats(self, slot: _Slot) -> RequestStats:
         m = slot.seq.metrics
         return RequestStats(m.prompt_tokens, len(slot.seq.output_ids), m.target_passes, round(m.tau, 4),
-                            round(m.acceptance_rate, 4), slot.drafter, m.forced, m.cached_prompt_tokens)
+                            round(m.acceptance_rate, 4), slot.drafter, m.forced, m.cached_prompt_tokens, m.proposed)
 
     def _leave(self, slot: _Slot, reason: str) -> None:
         """The row leaves the batch; the request gets its final event unless it was aborted."""

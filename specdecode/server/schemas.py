@@ -1,10 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API (field names as in OpenAI's API reference).
 
 Validation policy for request fields, in three kinds:
-1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, stream, ...)
+1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, echo, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (echo, best_of, suffix, tools, functions, audio, a message's name or
+2. OpenAI fields we do not implement (best_of, suffix, tools, functions, audio, a message's name or
    tool_calls, ...) and the vLLM sampling extensions we do not (min_tokens, stop_token_ids, ...) are accepted
    only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the
    field is unsupported, so a client never gets silently different behaviour.
@@ -34,6 +34,7 @@ from specdecode.config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, Structure
 from specdecode.errors import ConfigError
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # OpenAI's logit_bias keys: token ids as strings
+MAX_CHOICES = 128  # OpenAI's bound on n; a request's choices (prompts x n) are also bounded by the server's queue
 
 
 class _Request(BaseModel):
@@ -108,7 +109,7 @@ class _Sampling(_Request):
     top_k: int | None = Field(default=None, ge=0)  # extension (as in vLLM)
     seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)  # what torch.Generator.manual_seed takes
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)  # choices per prompt, each decoded on its own row
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -133,13 +134,6 @@ class _Sampling(_Request):
     include_stop_str_in_output: Any = None
     NEUTRAL: ClassVar[dict[str, tuple]] = {"min_tokens": (0,), "stop_token_ids": ([],),
                                            "include_stop_str_in_output": (False,)}
-    ONLY: ClassVar[dict[str, tuple]] = {"n": (1,)}
-
-    def unsupported(self) -> list[tuple[str, str]]:
-        problems = super().unsupported()
-        if self.n not in (None, 1):
-            problems.append(("n", "only n=1 is supported"))
-        return problems
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token id, bias) pairs. A key is a token id in ASCII decimal digits, at most 10 of them:
@@ -200,25 +194,29 @@ class StructureError(ValueError):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]  # a list holds a batch of prompts: one is served
+    prompt: str | list[str] | list[int] | list[list[int]]  # a list of strings or of id lists: a batch of prompts
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # OpenAI allows 5; vLLM 20
-    echo: bool | None = False
+    echo: bool | None = False  # the prompt's text leads each choice's text
     best_of: int | None = None
     suffix: str | None = None
-    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "echo": (False,), "best_of": (1,), "suffix": ("",)}
+    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "best_of": (1,), "suffix": ("",)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
-        if self.echo:
-            problems.append(("echo", "echo is not supported"))
         if self.best_of not in (None, 1):
             problems.append(("best_of", "only best_of=1 is supported"))
         if self.suffix:
             problems.append(("suffix", "suffix is not supported"))
-        if (isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int)
-                and len(self.prompt) > 1):
-            problems.append(("prompt", "only one prompt per request is supported"))
+        if self.echo and self.logprobs is not None:
+            problems.append(("echo", "echo with logprobs is not supported: the prompt's logprobs are not computed"))
         return problems
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: a text or a list of token ids alone is a batch of one."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt) or [[]]  # type: ignore[arg-type]  # [] is one empty prompt: a 400 where it is encoded
 
     def top_logprobs_wanted(self) -> int | None:
         return self.logprobs

@@ -1,0 +1,215 @@
+"""Response bodies and server-sent events for one request's choices (n per prompt, over a batch of prompts).
+
+Every choice is a ticket of its own (one row of the engine); this module waits for them and writes what OpenAI
+writes: one body with the choices in order (`index` = prompt x n + choice), or one stream whose chunks each
+carry one choice's `index`, ending with `[DONE]` once every choice has finished. A choice that fails ends the
+whole request with its error, as one answer cannot be half an error.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from specdecode.server import schemas as s
+from specdecode.server.errors import APIError
+from specdecode.server.logprobs import chat_logprobs, completion_logprobs
+from specdecode.server.scheduler import Event, Failed, Finished, RequestStats, TextDelta, Ticket
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice's ticket and what leads its text (`echo`: the prompt's text; else "")."""
+
+    ticket: Ticket
+    echo: str = ""
+
+
+class Reply:
+    """Builds one choice's bodies (all choices of a request share its id and timestamp: see `sibling`)."""
+
+    def __init__(self, model: str, chat: bool, token_text: Callable[[int], str], index: int = 0,
+                 id: str | None = None, created: int | None = None):
+        self.model, self.chat, self.token_text, self.index = model, chat, token_text, index
+        self.id = id or ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time()) if created is None else created
+        self.offset = 0  # characters of this choice's token text sent so far (completions' text_offset)
+
+    def sibling(self, index: int) -> Reply:
+        return Reply(self.model, self.chat, self.token_text, index, self.id, self.created)
+
+    def _head(self) -> dict:
+        return {"id": self.id, "created": self.created, "model": self.model}
+
+    def choice(self, text: str, event: Finished, logprobs: list | None) -> s.ChatChoice | s.CompletionChoice:
+        if self.chat:
+            return s.ChatChoice(index=self.index, message=s.AssistantMessage(content=text),
+                                finish_reason=event.finish_reason, logprobs=self._chat_logprobs(logprobs))
+        return s.CompletionChoice(index=self.index, text=text, finish_reason=event.finish_reason,
+                                  logprobs=self._completion_logprobs(logprobs))
+
+    def whole(self, choices: Sequence[s.ChatChoice | s.CompletionChoice], usage: s.Usage) -> dict:
+        if self.chat:
+            return s.ChatCompletion(**self._head(), choices=list(choices), usage=usage).model_dump()
+        return s.Completion(**self._head(), choices=list(choices), usage=usage).model_dump()
+
+    def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
+              logprobs=None) -> dict:
+        if self.chat:
+            choice = s.ChatChunkChoice(index=self.index, delta=s.Delta(role=role, content=text if role is None else ""),
+                                       finish_reason=finish_reason, logprobs=self._chat_logprobs(logprobs))
+            return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
+        choice = s.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason,
+                                    logprobs=self._completion_logprobs(logprobs))
+        return _dump(s.Completion(**self._head(), choices=[choice]))
+
+    def traced(self, event: TextDelta) -> dict:
+        """The event's chunk with its `speculation` field (s.SpeculationTrace)."""
+        body = self.chunk(text=event.text, logprobs=event.logprobs)
+        step = event.trace
+        assert step is not None and len(step.origins) == len(event.token_ids)
+        logprobs = event.logprobs or ()
+        tokens = [s.TracedToken(id=token, text=self.token_text(token), origin=origin, position=i + 1,
+                                logprob=logprobs[i].logprob if logprobs else None)
+                  for i, (token, origin) in enumerate(zip(event.token_ids, step.origins))]
+        trace = s.SpeculationTrace(k=step.k, drafted=step.depth, accepted=step.accepted, tokens=tokens)
+        body["speculation"] = trace.model_dump(exclude_none=True)
+        return body
+
+    def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
+        return None if entries is None else chat_logprobs(entries, self.token_text)
+
+    def _completion_logprobs(self, entries) -> s.CompletionLogprobs | None:
+        if entries is None:
+            return None
+        out = completion_logprobs(entries, self.token_text, self.offset)
+        self.offset += sum(len(token) for token in out.tokens)
+        return out
+
+    def usage_chunk(self, usage: s.Usage) -> dict:
+        model = s.ChatCompletionChunk if self.chat else s.Completion
+        return model(**self._head(), choices=[], usage=usage).model_dump()
+
+
+async def whole(choices: Sequence[Choice], reply: Reply, n: int, logprobs: bool) -> dict:
+    """The request's body once every choice has finished; a failed choice raises its APIError."""
+    tasks = [asyncio.create_task(_collect(choice.ticket)) for choice in choices]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:  # a failed choice leaves the others' collectors waiting: end them
+            task.cancel()
+    bodies = [reply.sibling(i).choice(choice.echo + text, event, entries if logprobs else None)
+              for i, (choice, (text, entries, event)) in enumerate(zip(choices, results))]
+    return reply.whole(bodies, usage([event.stats for _, _, event in results], n))
+
+
+async def _collect(ticket: Ticket) -> tuple[str, list, Finished]:
+    pieces: list[str] = []
+    entries: list = []
+    while True:
+        event = await ticket.next()
+        if isinstance(event, TextDelta):
+            pieces.append(event.text)
+            entries.extend(event.logprobs or ())
+        elif isinstance(event, Finished):
+            return "".join(pieces), entries, event
+        else:
+            raise _error(event)
+
+
+async def sse(choices: Sequence[Choice], reply: Reply, n: int, include_usage: bool,
+              trace: bool = False) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ending with [DONE]. On disconnect Starlette cancels this
+    generator; `finally` tells the scheduler, which frees the rows before its next step. trace: every step's
+    tokens get a chunk with their origins, even while their text is held back (a stop string may begin there)."""
+    replies = [reply.sibling(i) for i in range(len(choices))]
+    try:
+        for choice, each in zip(choices, replies):
+            if each.chat:
+                yield data(each.chunk(role="assistant", text=""))
+            elif choice.echo:
+                yield data(each.chunk(text=choice.echo))
+        finished: list[RequestStats | None] = [None] * len(choices)
+        async for i, event in _merged([choice.ticket for choice in choices]):
+            each = replies[i]
+            if isinstance(event, TextDelta):
+                if trace and event.token_ids:
+                    yield data(each.traced(event))
+                elif event.text or event.logprobs:
+                    yield data(each.chunk(text=event.text, logprobs=event.logprobs))
+            elif isinstance(event, Finished):
+                yield data(each.chunk(text="", finish_reason=event.finish_reason))
+                finished[i] = event.stats
+                if all(stats is not None for stats in finished):
+                    if include_usage:
+                        yield data(reply.usage_chunk(usage(finished, n)))  # type: ignore[arg-type]
+                    break
+            else:
+                yield data(_error(event).body())
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        for choice in choices:
+            choice.ticket.cancel()
+
+
+async def _merged(tickets: Sequence[Ticket]) -> AsyncIterator[tuple[int, Event]]:
+    """(choice index, event) as the tickets post them; one ticket is read directly (no task per event)."""
+    if len(tickets) == 1:
+        while True:
+            yield 0, await tickets[0].next()
+    queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+    async def forward(i: int, ticket: Ticket) -> None:
+        while True:
+            event = await ticket.next()
+            queue.put_nowait((i, event))
+            if not isinstance(event, TextDelta):
+                return
+
+    tasks = [asyncio.create_task(forward(i, ticket)) for i, ticket in enumerate(tickets)]
+    try:
+        while True:
+            yield await queue.get()
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _error(event: Failed) -> APIError:
+    return APIError(event.status, event.message, event.kind, code=event.code)
+
+
+def data(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def _dump(model: BaseModel) -> dict:
+    body = model.model_dump()
+    if body.get("usage") is None:
+        body.pop("usage", None)
+    return body
+
+
+def usage(stats: Sequence[RequestStats], n: int = 1) -> s.Usage:
+    """The request's usage over its choices, in order (n per prompt). As OpenAI counts it, each prompt's tokens
+    once (and its cached tokens, from its first choice) and every choice's completion tokens; tau and the
+    acceptance rate over all choices' passes and drafts, so they are what one choice's would be for n = 1."""
+    firsts = stats[::n]
+    prompt = sum(one.prompt_tokens for one in firsts)
+    completion = sum(one.completion_tokens for one in stats)
+    passes = sum(one.target_passes for one in stats)
+    proposed = sum(one.proposed for one in stats)
+    tau = sum(one.tau * one.target_passes for one in stats) / passes if passes else 0.0
+    rate = sum(one.acceptance_rate * one.proposed for one in stats) / proposed if proposed else 0.0
+    drafters = list(dict.fromkeys(one.drafter for one in stats))
+    return s.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   tau=round(tau, 4), target_passes=passes, acceptance_rate=round(rate, 4),
+                   drafter=",".join(drafters), forced_tokens=sum(one.forced for one in stats),
+                   prompt_tokens_details=s.PromptTokensDetails(cached_tokens=sum(one.cached for one in firsts)))
