@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from specdecode.core.logprobs import TokenLogprob
-from specdecode.server.app import _Reply, _sse
+from specdecode.server.replies import Choice, Reply, sse
 from specdecode.server.scheduler import Finished, RequestStats, StepTrace, TextDelta, Ticket
 from tests.e2e.server_util import MODEL, reference, serving, tiny_service
 from tests.fakes import Oracle
@@ -33,11 +33,11 @@ def _events(logprobs: bool) -> list:
 def _stream(chat: bool, include_usage: bool, logprobs: bool, trace: bool) -> str:
     async def collect() -> str:
         ticket = Ticket(None, asyncio.get_running_loop())  # type: ignore[arg-type]
-        reply = _Reply("tiny", chat, lambda token: f"<{token}>")
+        reply = Reply("tiny", chat, lambda token: f"<{token}>")
         reply.id, reply.created = "x", 0
         for event in _events(logprobs):
             ticket.post(event)
-        return "".join([piece async for piece in _sse(ticket, reply, include_usage, trace)])
+        return "".join([piece async for piece in sse([Choice(ticket)], reply, 1, include_usage, trace)])
 
     return asyncio.run(collect())
 
