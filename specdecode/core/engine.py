@@ -110,8 +110,11 @@ class Engine:
             raise
         return seq
 
-    def admit(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig) -> Sequence:
-        """Take a cache row and reserve its slots; the sequence is `prefilling` until `prefill_chunk` says done."""
+    def admit(self, prompt_ids: list[int], sampling: SamplingConfig, generation: GenerationConfig,
+              like: Sequence | None = None) -> Sequence:
+        """Take a cache row and reserve its slots; the sequence is `prefilling` until `prefill_chunk` says done.
+        like: a running sequence of the same prompt (another choice of one request) whose prefilled KV the new row
+        may copy instead of prefilling it again (where prefixes are reused)."""
         self.validate(prompt_ids, generation)
         if not self._free_rows:
             raise RuntimeError("no free batch row")
@@ -119,7 +122,7 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         constraint = None if generation.structure is None else \
             self.grammars.constraint(generation.structure, self.spec.grammar_draft)
-        row, shared, source = self._take_row(prompt_ids, generation.cache_salt)
+        row, shared, source = self._take_row(prompt_ids, generation.cache_salt, like)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache,
                               cache_salt=generation.cache_salt)
         self._next_id += 1
@@ -145,11 +148,15 @@ class Engine:
         self._parked.release_all()
         self.drafter.forget_prefixes()
 
-    def _take_row(self, prompt_ids: list[int], salt: str | None) -> tuple[int, int, int | None]:
+    def _take_row(self, prompt_ids: list[int], salt: str | None,
+                  like: Sequence | None = None) -> tuple[int, int, int | None]:
         """A free row -> (row, prompt tokens whose KV it holds once `source`'s first ones are copied in, source):
-        prefix_rows.choose_row over the parked rows, for all but the prompt's last token (the first step's root).
-        A row parked under another cache salt holds nothing this prompt may use."""
-        choice = self._parked.choose(self._free_rows, prompt_ids[:-1], salt)
+        prefix_rows.choose_row over the parked rows and `like`'s row, for all but the prompt's last token (the
+        first step's root). A row parked under another cache salt holds nothing this prompt may use."""
+        sources = None
+        if self.prefix_reuse and like is not None and like.ctx.cache_salt == salt and not like.finished:
+            sources = {like.ctx.row: like.ctx.tokens[:like.prefilled]}  # KV a prefill wrote: no step rewrites it
+        choice = self._parked.choose(self._free_rows, prompt_ids[:-1], salt, sources)
         self._free_rows.remove(choice.row)
         self._parked.take(choice.row)
         if choice.evict:

@@ -6,6 +6,8 @@ A prompt that continues a row's tokens (shares at least half of them: a conversa
 whole. One that shares less (the chat template's system prompt: another conversation's row) gets a copy of the
 shared prefix in another row, so the row stays with its own conversation for its next turn. A row not taken whole
 is an empty free row where there is one, else the one whose tokens were left longest ago (they are then freed).
+A row still in use (the first choice of a request that asks for several of one prompt) may be a source to copy
+from, never a row to take.
 """
 from __future__ import annotations
 
@@ -25,21 +27,26 @@ class RowChoice:
 
 
 def choose_row(free: Sequence[int], held: Mapping[int, tuple[str | None, Sequence[int]]], prompt: Sequence[int],
-               salt: str | None = None) -> RowChoice:
+               salt: str | None = None, sources: Mapping[int, Sequence[int]] | None = None) -> RowChoice:
     """free: the free rows (at least one); held: free rows -> (the cache salt of the sequence that left them, the
     tokens whose KV they hold), left longest ago first; prompt: the tokens whose KV the new sequence needs, under
-    `salt` (a row left under another salt holds nothing it may use: GenerationConfig.cache_salt).
+    `salt` (a row left under another salt holds nothing it may use: GenerationConfig.cache_salt); sources: rows in
+    use -> the tokens whose KV they hold for good (under the same salt), to copy from where they share the most.
 
     Example: free [0, 1, 2], held {0: (None, [5, 6, 7, 8]), 1: (None, [5, 9])}, prompt [5, 6, 7, 1] -> row 0
     whole (3 of its 4 tokens); prompt [5, 3] -> row 2 (empty) with a copy of row 0's first token (row 0 came
-    first of equals)."""
+    first of equals); prompt [5, 6, 7, 1] with sources {3: [5, 6, 7, 1]} -> row 2 with a copy of row 3's four."""
     usable = {row: tokens if row_salt == salt else () for row, (row_salt, tokens) in held.items()}
     best, shared = None, 0
     for row in free:
         length = common_prefix(usable.get(row, ()), prompt)
         if length > shared:
             best, shared = row, length
-    if best is not None and (2 * shared >= len(usable[best]) or len(free) == 1):
+    for row, tokens in (sources or {}).items():
+        length = common_prefix(tokens, prompt)
+        if length > shared:
+            best, shared = row, length
+    if best in usable and best in free and (2 * shared >= len(usable[best]) or len(free) == 1):
         return RowChoice(best, shared)
     empty = [row for row in free if row not in held]
     if empty:
@@ -66,8 +73,9 @@ class KeptRows:
         self.held.pop(row, None)
         self.held[row] = (salt, tokens)
 
-    def choose(self, free: Sequence[int], prompt: Sequence[int], salt: str | None = None) -> RowChoice:
-        return choose_row(free, self.held, prompt, salt)
+    def choose(self, free: Sequence[int], prompt: Sequence[int], salt: str | None = None,
+               sources: Mapping[int, Sequence[int]] | None = None) -> RowChoice:
+        return choose_row(free, self.held, prompt, salt, sources)
 
     def take(self, row: int) -> list[int]:
         """The row is in use again; -> the tokens whose KV it holds (none if it held nothing)."""

@@ -336,7 +336,10 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     jobs = [_job(service, req, ids, shape) for ids in prompts]
     echoes = await asyncio.to_thread(_echoes, service, req, prompts)
     loop = asyncio.get_running_loop()
-    choices = [Choice(Ticket(choice, loop), echo) for job, echo in zip(jobs, echoes) for choice in _nth(job, n)]
+    choices = []
+    for job, echo in zip(jobs, echoes):
+        first = Ticket(job, loop)  # the others copy its prompt's KV once it is prefilled (Scheduler._first_choice)
+        choices += [Choice(first, echo)] + [Choice(Ticket(other, loop, first), echo) for other in _nth(job, n)[1:]]
     _submit(service, [choice.ticket for choice in choices])
     reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
     if req.stream:

@@ -168,8 +168,9 @@ class TooLarge(Exception):
 class Ticket:
     """One submitted request: the HTTP side awaits events, the worker posts them from its thread."""
 
-    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop, leader: Ticket | None = None):
         self.job = job
+        self.leader = leader  # the first choice of the same prompt in one request (its prefilled KV is copied)
         self.kv_bytes = 0  # reserved from the scheduler's budget while admitted
         self.arrived = time.perf_counter()
         self._loop = loop
@@ -400,10 +401,13 @@ class Scheduler:
                 self._prune_pending()
                 if not self._pending or not self._room(self._pending[0].kv_bytes):  # the head waits for memory to free
                     return
+                wait, like = self._first_choice(self._pending[0])
+                if wait:
+                    return
                 ticket = self._pending.popleft()
             job = ticket.job
             try:
-                seq = self.engine.admit(list(job.prompt_ids), job.sampling, job.generation)
+                seq = self.engine.admit(list(job.prompt_ids), job.sampling, job.generation, like)
             except Exception as error:  # noqa: BLE001 - one request's failure must not stop the server
                 self.metrics.finished.labels("error").inc()
                 ticket.post(Failed(f"could not start generation: {error}"))
@@ -416,6 +420,17 @@ class Scheduler:
             slot = _Slot(ticket, seq, length)
             slot.drafts_free = self.router.drafters[slot.drafter].capabilities.free_drafts
             self._active.append(slot)
+
+    def _first_choice(self, ticket: Ticket) -> tuple[bool, Sequence | None]:
+        """(wait, like) for a later choice of a prompt: it waits while the prompt's first choice is prefilling, then
+        copies that KV rather than prefill it again (where the engine reuses prefixes); a first choice that has
+        finished left its row parked, where any prompt finds its prefix."""
+        if ticket.leader is None or not self.engine.prefix_reuse:
+            return False, None
+        slot = next((slot for slot in self._active if slot.ticket is ticket.leader), None)
+        if slot is None:
+            return False, None
+        return slot.seq.prefilling, slot.seq
 
     def _chunks(self, budget: int, among: list[_Slot] | None = None) -> list[tuple[_Slot, int]]:
         """Up to `budget` prompt tokens for the prefilling rows (or those `among` them), those with the fewest

@@ -98,3 +98,29 @@ def test_a_draft_models_kv_counts_in_the_budget(tiny_packed_target, tiny_draft_d
         reply = httpx.post(server.url + "/v1/completions", timeout=60, json={
             "model": MODEL, "prompt": prompt, "max_tokens": 16, "speculation": {"drafter": "draft-model"}})
     assert reply.status_code == 413 and "bytes of KV cache" in reply.json()["error"]["message"]
+
+
+def _cached_total(url: str) -> float:
+    line = next(line for line in httpx.get(url + "/metrics").text.splitlines()
+                if line.startswith("specdecode_prompt_tokens_cached_total"))
+    return float(line.split()[-1])
+
+
+def test_a_requests_later_choices_copy_the_first_ones_prompt_kv(tiny_packed_target):
+    """n choices of one prompt: the later ones wait for the first's prefill (three chunks here) and copy its KV
+    rather than prefill the prompt again, and each answers what the prompt alone answers."""
+    tokenizer = tiny_packed_target.tokenizer
+    prompt = (tokenizer(FIRST)["input_ids"] * 60)[:600]
+    service = tiny_service(tiny_packed_target, max_batch=4)
+    with serving(service) as server:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "n": 3}
+        reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        assert _cached_total(server.url) == 2 * (len(prompt) - 1)
+        sampled = {**body, "temperature": 1.0, "seed": 5, "prompt": prompt[:40]}
+        many = httpx.post(server.url + "/v1/completions", json=sampled, timeout=60).json()["choices"]
+    expected = reference(tiny_packed_target, prompt, 12, stop_on_eos=False).text
+    assert [c["text"] for c in reply["choices"]] == [expected] * 3
+    with serving(tiny_service(tiny_packed_target, max_batch=4)) as fresh:  # each choice as a request of its own
+        alone = [httpx.post(fresh.url + "/v1/completions", json={**sampled, "n": 1, "seed": 5 + j},
+                            timeout=60).json()["choices"][0]["text"] for j in range(3)]
+    assert [c["text"] for c in many] == alone

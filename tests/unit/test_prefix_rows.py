@@ -30,6 +30,18 @@ def test_a_row_left_under_another_salt_holds_nothing_usable():
     assert choose_row([0, 1], held, [5, 6, 7, 1], salt="c") == RowChoice(0, 0, evict=True)  # the oldest
 
 
+@pytest.mark.parametrize("free,prompt,expected", [
+    ([1, 2], [5, 6, 7, 1], RowChoice(2, 4, source=3)),  # a row in use shares more than any kept row: copied
+    ([0, 1], [5, 6, 7, 1], RowChoice(0, 4, source=3, evict=True)),  # no empty row: the oldest kept one, freed
+    ([0], [5, 6, 7, 1], RowChoice(0, 4, source=3, evict=True)),  # the only free row is never taken whole here
+    ([0, 1, 2], [5, 6, 7, 8, 2], RowChoice(0, 4)),  # a kept row sharing as much is taken whole: no copy
+    ([0, 1, 2], [5, 6, 3], RowChoice(0, 2)),  # the row in use shares less than row 0
+])
+def test_a_row_in_use_is_a_source_never_a_row_to_take(free, prompt, expected):
+    held = {r: t for r, t in HELD.items() if r in free}
+    assert choose_row(free, held, prompt, sources={3: [5, 6, 7, 1]}) == expected
+
+
 class _Rows:
     """A cache's rows as KeptRows sees them: bytes per row, and which were released."""
 
