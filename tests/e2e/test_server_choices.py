@@ -4,6 +4,7 @@ decoded alone: greedy choices the plain greedy text, seeded choice j the single 
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -150,3 +151,38 @@ def test_usage_sums_choices_and_counts_each_prompt_once():
     single = usage([stats(5, 8, 4, 6, 0.5)])
     assert (single.tau, single.acceptance_rate, single.drafter) == (2.0, 0.5, "suffix")
 
+
+
+def _wait_idle(server, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (state := httpx.get(server.url + "/health").json())["active"] or state["queued"]:
+        assert time.monotonic() < deadline, f"server still busy: {state}"
+        time.sleep(0.02)
+    return state
+
+
+def _aborted(server) -> float:
+    metrics = httpx.get(server.url + "/metrics").text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith('specdecode_generations_total{reason="abort"}'))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_frees_every_choices_row(server, stream):
+    """Six choices on four rows (two queued): a client gone mid-answer frees the rows and the queue."""
+    body = {"model": MODEL, "prompt": PROMPTS, "n": 3, "max_tokens": 900, "temperature": 0, "ignore_eos": True,
+            "speculation": {"drafter": "none"}, "stream": stream}
+    aborted = _aborted(server)
+    if stream:
+        with httpx.Client(timeout=30) as client, client.stream("POST", server.url + "/v1/completions",
+                                                               json=body) as running:
+            lines = running.iter_lines()
+            assert next(lines).startswith("data: {")
+            assert httpx.get(server.url + "/health").json() == {"status": "ok", "active": 4, "queued": 2}
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    _wait_idle(server, timeout=3.0)  # well before the 5 s the six choices take
+    engine = server.app.state.service.scheduler.engine
+    assert sorted(engine._free_rows) == [0, 1, 2, 3]
+    assert _aborted(server) == aborted + 4  # the rows that ran; the two queued never started
