@@ -191,6 +191,9 @@ class GenerationConfig:
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
     structure: Structure | None = None  # what the output must match (structured outputs); None: free text
     logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
+    # per prompt token after the first, its logprob and the top-N from the prefill's logits (completions' echo with
+    # logprobs); the prompt is then prefilled in full, never taken from another row's KV
+    prompt_logprobs: int | None = None
     # a prompt reuses the KV of finished sequences with the same salt only (vLLM's cache_salt): who shares a
     # salt can tell from its speed what the others' prompts began with; None is a salt too
     cache_salt: str | None = None
@@ -208,10 +211,12 @@ class GenerationConfig:
             raise ConfigError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
         if self.structure is not None and not isinstance(self.structure, Structure):
             raise ConfigError(f"structure must be a Structure or None, got {self.structure!r:.80}")
-        if self.logprobs is not None:
-            _check_types("generation", logprobs=(self.logprobs, _INT))
-            if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-                raise ConfigError(f"logprobs must be in 0..{MAX_TOP_LOGPROBS} or None, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_types("generation", **{name: (value, _INT)})
+                if not 0 <= value <= MAX_TOP_LOGPROBS:
+                    raise ConfigError(f"{name} must be in 0..{MAX_TOP_LOGPROBS} or None, got {value}")
 
 
 STRUCTURE_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")

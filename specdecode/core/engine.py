@@ -122,7 +122,9 @@ class Engine:
         generator = make_generator(sampling.seed, self.target.device)  # before taking a row: it may raise
         constraint = None if generation.structure is None else \
             self.grammars.constraint(generation.structure, self.spec.grammar_draft)
-        row, shared, source = self._take_row(prompt_ids, generation.cache_salt, like)
+        scored = generation.prompt_logprobs is not None  # every prompt token's logits: none comes from a copy
+        row, shared, source = self._take_row([] if scored else prompt_ids, generation.cache_salt,
+                                             None if scored else like)
         ctx = SequenceContext(self._next_id, list(prompt_ids), row, self.spec.k, sampling, generator, cache=self.cache,
                               cache_salt=generation.cache_salt)
         self._next_id += 1
@@ -194,12 +196,17 @@ class Engine:
         return seq.ready
 
     def _prefill_pass(self, seq: Sequence, chunk: list[int]) -> None:
-        """One target pass over a chunk of seq's prompt alone (its last row's logits only)."""
+        """One target pass over a chunk of seq's prompt alone (its last row's logits only, or every row's where
+        the prompt's logprobs are asked for: row j scores the prompt token after chunk[j])."""
         block = build_block([seq.prefilled], [chunk], [list(range(-1, len(chunk) - 1))], self.target.pad_id,
                             self.target.device)
         capabilities = self.drafter.capabilities
-        out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last", hidden=capabilities.needs_hidden,
-                                  hidden_layers=capabilities.hidden_layers)
+        scored = seq.generation.prompt_logprobs
+        out = self.target.forward(self.cache, [seq.ctx.row], block, keep="last" if scored is None else "all",
+                                  hidden=capabilities.needs_hidden, hidden_layers=capabilities.hidden_layers)
+        if scored is not None:
+            following = seq.ctx.tokens[seq.prefilled + 1 : seq.prefilled + 1 + len(chunk)]
+            seq.prompt_logprobs += token_logprobs(out.logits[0], following, scored)  # logits [len(chunk), vocab]
         self._prefilled(seq, len(chunk), None if out.hidden is None else out.hidden[0])
 
     def _next_chunk(self, seq: Sequence, tokens: int | None) -> list[int]:
@@ -276,6 +283,8 @@ class Engine:
     def _riders(self, prefill: Sequence_[tuple[Sequence, int]]) -> list[tuple[Sequence, list[int]]]:
         """The next prompt chunk of each prefilling sequence that asks to ride in this step's pass. A one-token
         prompt has nothing to cache: its drafter starts now and it rides with nothing."""
+        if any(seq.generation.prompt_logprobs is not None for seq, _ in prefill):
+            raise ValueError("a prompt whose logprobs are asked for is prefilled in passes of its own (prefill_chunk)")
         chunks = [(seq, self._next_chunk(seq, tokens)) for seq, tokens in prefill if seq.prefilling]
         for seq, chunk in chunks:
             if not chunk:

@@ -30,6 +30,8 @@ class Sequence:
     ready: bool = False  # prefill done and the drafter started: `step` may run it
     drafted: bool = False  # a step has asked the drafter for a draft (the first such step reads the prompt)
     prefill_hidden: list[torch.Tensor] = field(default_factory=list, repr=False)  # per chunk, [q, hidden]
+    # prompt tokens 1.. with their logprobs, chunk by chunk (GenerationConfig.prompt_logprobs)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
     text: StopText | None = field(default=None, repr=False)  # detokeniser and stop strings (None: ids only)
     constraint: Constraint | None = field(default=None, repr=False)  # the grammar state (structured outputs)
 

@@ -275,6 +275,9 @@ def _request_schemas(service: Service) -> dict[str, dict]:
         for name in ("max_tokens", "max_completion_tokens"):
             if name in properties:
                 properties[name] = tokens
+    scoring = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": service.target.max_positions - 1},
+                         {"type": "null"}], "description": "0: with echo only, the prompt scored and nothing generated"}
+    schemas["CompletionRequest"]["properties"]["max_tokens"] = scoring
     schemas["SpeculationOptions"]["properties"]["drafter"] = {"enum": [None, *service.drafters]}
     schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size,
                                                                     service.config.max_queue)
@@ -338,8 +341,10 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     loop = asyncio.get_running_loop()
     choices = []
     for job, echo in zip(jobs, echoes):
+        lead = job.prompt_ids[0] if job.generation.prompt_logprobs is not None else None
         first = Ticket(job, loop)  # the others copy its prompt's KV once it is prefilled (Scheduler._first_choice)
-        choices += [Choice(first, echo)] + [Choice(Ticket(other, loop, first), echo) for other in _nth(job, n)[1:]]
+        choices += [Choice(first, echo, lead)]
+        choices += [Choice(Ticket(other, loop, first), echo, lead) for other in _nth(job, n)[1:]]
     _submit(service, [choice.ticket for choice in choices])
     reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
     if req.stream:
@@ -526,8 +531,11 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
             raise bad_request(f"max_tokens ({max_tokens}) and max_completion_tokens ({req.max_completion_tokens}) "
                               "disagree; send one of them", "max_completion_tokens", "invalid_value")
         param, max_tokens = "max_completion_tokens", req.max_completion_tokens
-    if max_tokens is not None and max_tokens <= 0:
-        raise bad_request(f"{param} must be a positive integer, got {max_tokens}", param, "invalid_value")
+    echo = isinstance(req, s.CompletionRequest) and bool(req.echo)
+    prompt_only = echo and max_tokens == 0  # the prompt scored, nothing generated (an evaluation's loglikelihood)
+    if max_tokens is not None and max_tokens <= 0 and not prompt_only:
+        raise bad_request(f"{param} must be a positive integer (0 only with echo), got {max_tokens}", param,
+                          "invalid_value")
     if room < 1:
         raise bad_request(f"the prompt ({len(prompt_ids)} tokens) leaves no room in the model's context of {context} "
                           "tokens", "messages" if isinstance(req, s.ChatCompletionRequest) else "prompt",
@@ -557,12 +565,14 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
                                   frequency_penalty=req.frequency_penalty or 0.0,
                                   repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                                   logit_bias=bias)
-        generation = GenerationConfig(max_new_tokens=max_tokens or min(service.config.default_max_tokens, room),
+        generation = GenerationConfig(max_new_tokens=1 if prompt_only else max_tokens or min(
+                                          service.config.default_max_tokens, room),
                                       stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x),
-                                      structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt)
+                                      structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt,
+                                      prompt_logprobs=shape.logprobs if echo else None)
     except ConfigError as error:
         raise bad_request(str(error)) from None
-    return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k)
+    return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k, prompt_only=prompt_only)
 
 
 class _HostCheck:

@@ -19,15 +19,18 @@ from pydantic import BaseModel
 from specdecode.server import schemas as s
 from specdecode.server.errors import APIError
 from specdecode.server.logprobs import chat_logprobs, completion_logprobs
-from specdecode.server.scheduler import Event, Failed, Finished, RequestStats, TextDelta, Ticket
+from specdecode.server.scheduler import Event, Failed, Finished, PromptLogprobs, RequestStats, TextDelta, Ticket
 
 
 @dataclass(frozen=True)
 class Choice:
-    """One choice's ticket and what leads its text (`echo`: the prompt's text; else "")."""
+    """One choice's ticket and what leads its text (`echo`: the prompt's text; else ""). lead: the prompt's first
+    token where the echoed prompt's logprobs are asked for (they come as a PromptLogprobs event, which the
+    echoed text then waits for); None otherwise."""
 
     ticket: Ticket
     echo: str = ""
+    lead: int | None = None
 
 
 class Reply:
@@ -46,12 +49,13 @@ class Reply:
     def _head(self) -> dict:
         return {"id": self.id, "created": self.created, "model": self.model}
 
-    def choice(self, text: str, event: Finished, logprobs: list | None) -> s.ChatChoice | s.CompletionChoice:
+    def choice(self, text: str, event: Finished, logprobs: list | None,
+               lead: int | None = None) -> s.ChatChoice | s.CompletionChoice:
         if self.chat:
             return s.ChatChoice(index=self.index, message=s.AssistantMessage(content=text),
                                 finish_reason=event.finish_reason, logprobs=self._chat_logprobs(logprobs))
         return s.CompletionChoice(index=self.index, text=text, finish_reason=event.finish_reason,
-                                  logprobs=self._completion_logprobs(logprobs))
+                                  logprobs=self._completion_logprobs(logprobs, lead))
 
     def whole(self, choices: Sequence[s.ChatChoice | s.CompletionChoice], usage: s.Usage) -> dict:
         if self.chat:
@@ -59,13 +63,13 @@ class Reply:
         return s.Completion(**self._head(), choices=list(choices), usage=usage).model_dump()
 
     def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
-              logprobs=None) -> dict:
+              logprobs=None, lead: int | None = None) -> dict:
         if self.chat:
             choice = s.ChatChunkChoice(index=self.index, delta=s.Delta(role=role, content=text if role is None else ""),
                                        finish_reason=finish_reason, logprobs=self._chat_logprobs(logprobs))
             return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
         choice = s.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason,
-                                    logprobs=self._completion_logprobs(logprobs))
+                                    logprobs=self._completion_logprobs(logprobs, lead))
         return _dump(s.Completion(**self._head(), choices=[choice]))
 
     def traced(self, event: TextDelta) -> dict:
@@ -84,10 +88,10 @@ class Reply:
     def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
         return None if entries is None else chat_logprobs(entries, self.token_text)
 
-    def _completion_logprobs(self, entries) -> s.CompletionLogprobs | None:
+    def _completion_logprobs(self, entries, lead: int | None = None) -> s.CompletionLogprobs | None:
         if entries is None:
             return None
-        out = completion_logprobs(entries, self.token_text, self.offset)
+        out = completion_logprobs(entries, self.token_text, self.offset, lead)
         self.offset += sum(len(token) for token in out.tokens)
         return out
 
@@ -104,12 +108,13 @@ async def whole(choices: Sequence[Choice], reply: Reply, n: int, logprobs: bool)
     finally:
         for task in tasks:  # a failed choice leaves the others' collectors waiting: end them
             task.cancel()
-    bodies = [reply.sibling(i).choice(choice.echo + text, event, entries if logprobs else None)
+    bodies = [reply.sibling(i).choice(choice.echo + text, event, entries if logprobs else None, choice.lead)
               for i, (choice, (text, entries, event)) in enumerate(zip(choices, results))]
     return reply.whole(bodies, usage([event.stats for _, _, event in results], n))
 
 
 async def _collect(ticket: Ticket) -> tuple[str, list, Finished]:
+    """The choice's text, its logprob entries (an echoed prompt's first) and its Finished event."""
     pieces: list[str] = []
     entries: list = []
     while True:
@@ -117,6 +122,8 @@ async def _collect(ticket: Ticket) -> tuple[str, list, Finished]:
         if isinstance(event, TextDelta):
             pieces.append(event.text)
             entries.extend(event.logprobs or ())
+        elif isinstance(event, PromptLogprobs):
+            entries[:0] = event.entries
         elif isinstance(event, Finished):
             return "".join(pieces), entries, event
         else:
@@ -133,12 +140,14 @@ async def sse(choices: Sequence[Choice], reply: Reply, n: int, include_usage: bo
         for choice, each in zip(choices, replies):
             if each.chat:
                 yield data(each.chunk(role="assistant", text=""))
-            elif choice.echo:
+            elif choice.echo and choice.lead is None:
                 yield data(each.chunk(text=choice.echo))
         finished: list[RequestStats | None] = [None] * len(choices)
         async for i, event in _merged([choice.ticket for choice in choices]):
             each = replies[i]
-            if isinstance(event, TextDelta):
+            if isinstance(event, PromptLogprobs):
+                yield data(each.chunk(text=choices[i].echo, logprobs=event.entries, lead=choices[i].lead))
+            elif isinstance(event, TextDelta):
                 if trace and event.token_ids:
                     yield data(each.traced(event))
                 elif event.text or event.logprobs:
@@ -170,7 +179,7 @@ async def _merged(tickets: Sequence[Ticket]) -> AsyncIterator[tuple[int, Event]]
         while True:
             event = await ticket.next()
             queue.put_nowait((i, event))
-            if not isinstance(event, TextDelta):
+            if isinstance(event, Finished | Failed):
                 return
 
     tasks = [asyncio.create_task(forward(i, ticket)) for i, ticket in enumerate(tickets)]

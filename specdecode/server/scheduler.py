@@ -101,6 +101,7 @@ class Job:
     generation: GenerationConfig
     drafter: str
     k: int | None = None  # the request's draft length (None: the server's)
+    prompt_only: bool = False  # score the prompt and generate nothing (completions' echo with max_tokens 0)
 
 
 # -- events the worker sends to the request's handler --------------------------------------------------------
@@ -154,7 +155,15 @@ class Failed:
         return "invalid_request_error" if self.status < 500 else "server_error"
 
 
-Event = TextDelta | Finished | Failed
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The prompt's tokens after the first with their logprobs, once it is prefilled (GenerationConfig.
+    prompt_logprobs); before any of the request's text."""
+
+    entries: tuple[TokenLogprob, ...]
+
+
+Event = TextDelta | PromptLogprobs | Finished | Failed
 
 
 class QueueFull(Exception):
@@ -365,6 +374,7 @@ class Scheduler:
         of its own: the worker's frame must not keep a finished request alive while it waits for work.)"""
         self._drop_cancelled()
         self._admit()
+        self._score_prompts()
         decoding = [slot for slot in self._active if slot.seq.ready]
         short = [s for s in self._active if s.seq.prefilling and s.seq.prompt_len <= self.config.prefill_chunk]
         if not decoding:  # nobody waits on the pass: the most a round carries
@@ -421,6 +431,18 @@ class Scheduler:
             slot.drafts_free = self.router.drafters[slot.drafter].capabilities.free_drafts
             self._active.append(slot)
 
+    def _score_prompts(self) -> None:
+        """Prompts whose logprobs are asked for take a chunk each a round in passes of their own (every row's logits:
+        none rides in a step, whose pass scores only its decoding rows), a whole chunk when nothing decodes and the
+        sizer's chunk when rows do; once one is prefilled its logprobs go out, and a prompt-only request ends."""
+        decoding = any(slot.seq.ready for slot in self._active)
+        for slot in [s for s in self._active if s.seq.prefilling and s.seq.generation.prompt_logprobs is not None]:
+            self._prefill_alone(slot, self._sizer.chunk if decoding else self.config.prefill_chunk)
+            if slot.seq.ready and slot in self._active:
+                slot.ticket.post(PromptLogprobs(tuple(slot.seq.prompt_logprobs)))
+                if slot.ticket.job.prompt_only:
+                    self._leave(slot, "length")
+
     def _first_choice(self, ticket: Ticket) -> tuple[bool, Sequence | None]:
         """(wait, like) for a later choice of a prompt: it waits while the prompt's first choice is prefilling, then
         copies that KV rather than prefill it again (where the engine reuses prefixes); a first choice that has
@@ -436,7 +458,8 @@ class Scheduler:
         """Up to `budget` prompt tokens for the prefilling rows (or those `among` them), those with the fewest
         tokens left first (a short prompt is not queued behind a long one)."""
         rows = self._active if among is None else among
-        slots = sorted((s for s in rows if s.seq.prefilling), key=lambda s: s.seq.prompt_len - s.seq.prefilled)
+        slots = sorted((s for s in rows if s.seq.prefilling and s.seq.generation.prompt_logprobs is None),
+                       key=lambda s: s.seq.prompt_len - s.seq.prefilled)
         chunks = []
         for slot in slots:
             if budget <= 0:

@@ -14,7 +14,8 @@ Validation policy for request fields, in three kinds:
 Structured outputs: `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
 {"schema": ...}}) on both endpoints, and vLLM's `structured_outputs: {"json" | "regex" | "choice" | "grammar" |
 "json_object": ...}` (its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` too); one per
-request. Logprobs: completions' `logprobs: N` and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
+request. Logprobs: completions' `logprobs: N` (with `echo`, the prompt's too; `max_tokens: 0` then scores it alone)
+and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
 Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_bias` ({"token id": -100..100}),
 and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K, "trace": true}` chooses the drafter ("none" disables
@@ -196,7 +197,7 @@ class StructureError(ValueError):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]  # a list of strings or of id lists: a batch of prompts
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # OpenAI allows 5; vLLM 20
-    echo: bool | None = False  # the prompt's text leads each choice's text
+    echo: bool | None = False  # the prompt's text (and with logprobs, its tokens' logprobs) leads each choice's
     best_of: int | None = None
     suffix: str | None = None
     ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "best_of": (1,), "suffix": ("",)}
@@ -207,8 +208,6 @@ class CompletionRequest(_Sampling):
             problems.append(("best_of", "only best_of=1 is supported"))
         if self.suffix:
             problems.append(("suffix", "suffix is not supported"))
-        if self.echo and self.logprobs is not None:
-            problems.append(("echo", "echo with logprobs is not supported: the prompt's logprobs are not computed"))
         return problems
 
     def prompts(self) -> list[str | list[int]]:
@@ -310,8 +309,8 @@ class CompletionLogprobs(BaseModel):
     """Completions' logprobs: per token its text, logprob, the top-N as {text: logprob}, its offset in the text."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    token_logprobs: list[float | None]  # null for an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 

@@ -174,7 +174,6 @@ BAD_REQUESTS = [
     (b'{"model": "gpt-4", "prompt": "x"}', 404, "model_not_found", "model"),
     (b'{"model": "tiny", "prompt": "x", "seed": 1180591620717411303424}', 400, "invalid_value", "seed"),
     (b'{"model": "tiny", "prompt": [[1, 2], []]}', 400, "invalid_value", "prompt"),
-    (b'{"model": "tiny", "prompt": "x", "echo": true, "logprobs": 1}', 400, "unsupported", "echo"),
     (b'{"model": "tiny", "prompt": "x", "logprobs": true}', 400, "invalid_value", "logprobs"),  # a count here
     (b'{"model": "tiny", "prompt": "x", "min_p": 1.2}', 400, "invalid_value", "min_p"),
     (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 0}', 400, "invalid_value", "repetition_penalty"),

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import httpx
 import openai
 import pytest
+import torch
 
 from specdecode.server.app import _submit
 from specdecode.server.errors import APIError
@@ -186,3 +187,54 @@ def test_a_client_that_hangs_up_frees_every_choices_row(server, stream):
     engine = server.app.state.service.scheduler.engine
     assert sorted(engine._free_rows) == [0, 1, 2, 3]
     assert _aborted(server) == aborted + 4  # the rows that ran; the two queued never started
+
+
+def _prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """The model's own log-softmax over a whole prompt in one forward: row i scores ids[i + 1]."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+@pytest.mark.parametrize("words", [3, 30])  # one prefill pass; three chunks (690 tokens: over 256)
+def test_echo_with_logprobs_scores_the_prompt(server, tiny_target, tiny_model, words):
+    text = " ".join(["the cat sat on the mat"] * words)
+    ids = _ids(tiny_target, text)
+    reply = _post(server, {"prompt": text, "echo": True, "logprobs": 2, "max_tokens": 0}).json()
+    (choice,) = reply["choices"]
+    assert choice["text"] == text and choice["finish_reason"] == "length"
+    assert reply["usage"]["completion_tokens"] == 0 and reply["usage"]["prompt_tokens"] == len(ids)
+    logprobs = choice["logprobs"]
+    token_text = [tiny_target.tokenizer.decode([t]) for t in ids]
+    assert logprobs["tokens"] == token_text
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = _prompt_logprobs(tiny_model, ids)
+    got = torch.tensor(logprobs["token_logprobs"][1:])
+    assert torch.allclose(got, expected[torch.arange(len(ids) - 1), torch.tensor(ids[1:])], atol=1e-4)
+    best = torch.tensor([max(top.values()) for top in logprobs["top_logprobs"][1:]])  # (texts may repeat in a dict)
+    assert torch.allclose(best, expected[:-1].max(dim=-1).values, atol=1e-4)
+    assert logprobs["text_offset"] == [sum(map(len, token_text[:i])) for i in range(len(ids))]
+
+
+def test_echo_with_logprobs_then_generates(server, tiny_target):
+    prompt = PROMPTS[0]
+    ids = _ids(tiny_target, prompt)
+    plain = _post(server, {"prompt": prompt, "logprobs": 1, "max_tokens": 6, "temperature": 0}).json()["choices"][0]
+    echoed = _post(server, {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 6,
+                            "temperature": 0}).json()["choices"][0]
+    assert echoed["text"] == prompt + plain["text"]
+    assert echoed["logprobs"]["tokens"][len(ids):] == plain["logprobs"]["tokens"]
+    assert torch.allclose(torch.tensor(echoed["logprobs"]["token_logprobs"][len(ids):]),  # passes of other widths
+                          torch.tensor(plain["logprobs"]["token_logprobs"]), atol=1e-4)
+    chunks = _events(server, "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 6,
+                                                 "temperature": 0})
+    assert chunks[0]["choices"][0]["text"] == prompt
+    assert chunks[0]["choices"][0]["logprobs"]["tokens"] == echoed["logprobs"]["tokens"][: len(ids)]
+    streamed = [logprob for chunk in chunks if chunk["choices"][0]["logprobs"]
+                for logprob in chunk["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed[0] is None and len(streamed) == len(ids) + 6
+    assert torch.allclose(torch.tensor(streamed[1:]), torch.tensor(echoed["logprobs"]["token_logprobs"][1:]), atol=1e-4)
+
+
+def test_max_tokens_zero_needs_echo(server):
+    reply = _post(server, {"prompt": "x", "max_tokens": 0})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"

@@ -124,3 +124,17 @@ def test_a_requests_later_choices_copy_the_first_ones_prompt_kv(tiny_packed_targ
         alone = [httpx.post(fresh.url + "/v1/completions", json={**sampled, "n": 1, "seed": 5 + j},
                             timeout=60).json()["choices"][0]["text"] for j in range(3)]
     assert [c["text"] for c in many] == alone
+
+
+def test_a_scored_prompt_is_prefilled_whole(tiny_packed_target):
+    """Echo with logprobs needs every prompt token's logits: no parked row or sibling gives it KV, and its choices
+    all carry the prompt's logprobs, equal (packed passes: bit for bit)."""
+    prompt = tiny_packed_target.tokenizer(FIRST)["input_ids"]
+    with serving(tiny_service(tiny_packed_target, max_batch=4)) as server:
+        _complete(server.url, prompt)  # its row is parked with the prompt's KV
+        body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 0, "n": 2}
+        reply = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+        assert _cached_total(server.url) == 0
+    first, second = (choice["logprobs"]["token_logprobs"] for choice in reply["choices"])
+    assert len(first) == len(prompt) and first[0] is None and None not in first[1:]
+    assert first == second
