@@ -338,13 +338,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
                           "invalid_value")
     jobs = [_job(service, req, ids, shape) for ids in prompts]
     echoes = await asyncio.to_thread(_echoes, service, req, prompts)
-    loop = asyncio.get_running_loop()
-    choices = []
-    for job, echo in zip(jobs, echoes):
-        lead = job.prompt_ids[0] if job.generation.prompt_logprobs is not None else None
-        first = Ticket(job, loop)  # the others copy its prompt's KV once it is prefilled (Scheduler._first_choice)
-        choices += [Choice(first, echo, lead)]
-        choices += [Choice(Ticket(other, loop, first), echo, lead) for other in _nth(job, n)[1:]]
+    choices = _choices(jobs, echoes, n, asyncio.get_running_loop())
     _submit(service, [choice.ticket for choice in choices])
     reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
     if req.stream:
@@ -359,6 +353,18 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
         watcher.cancel()
         for ticket in tickets:
             ticket.cancel()
+
+
+def _choices(jobs: list[Job], echoes: list[str], n: int, loop: asyncio.AbstractEventLoop) -> list[Choice]:
+    """n choices per prompt, in OpenAI's order (prompt x n + j); a prompt's later choices name its first, whose
+    prefilled KV they copy (Scheduler._first_choice)."""
+    choices = []
+    for job, echo in zip(jobs, echoes):
+        lead = job.prompt_ids[0] if job.generation.prompt_logprobs is not None else None
+        first = Ticket(job, loop)
+        choices += [Choice(first, echo, lead)]
+        choices += [Choice(Ticket(other, loop, first), echo, lead) for other in _nth(job, n)[1:]]
+    return choices
 
 
 def _nth(job: Job, n: int) -> list[Job]:

@@ -447,8 +447,8 @@ class Scheduler:
         """(wait, like) for a later choice of a prompt: it waits while the prompt's first choice is prefilling, then
         copies that KV rather than prefill it again (where the engine reuses prefixes); a first choice that has
         finished left its row parked, where any prompt finds its prefix."""
-        if ticket.leader is None or not self.engine.prefix_reuse:
-            return False, None
+        if ticket.leader is None or not self.engine.prefix_reuse or ticket.job.generation.prompt_logprobs is not None:
+            return False, None  # a prompt whose logprobs are asked for is prefilled whole: nothing to wait for
         slot = next((slot for slot in self._active if slot.ticket is ticket.leader), None)
         if slot is None:
             return False, None
