@@ -432,12 +432,18 @@ class Scheduler:
             self._active.append(slot)
 
     def _score_prompts(self) -> None:
-        """Prompts whose logprobs are asked for take a chunk each a round in passes of their own (every row's logits:
-        none rides in a step, whose pass scores only its decoding rows), a whole chunk when nothing decodes and the
-        sizer's chunk when rows do; once one is prefilled its logprobs go out, and a prompt-only request ends."""
+        """Prompts whose logprobs are asked for are prefilled in passes of their own (every row's logits: none rides
+        in a step, whose pass scores only its decoding rows): a whole chunk each a round when nothing decodes; while
+        rows decode, the sizer's chunk, paid for like a riding chunk (`_credit`) with the pass's whole time. Once
+        one is prefilled its logprobs go out, and a prompt-only request ends."""
         decoding = any(slot.seq.ready for slot in self._active)
         for slot in [s for s in self._active if s.seq.prefilling and s.seq.generation.prompt_logprobs is not None]:
+            if decoding and not (self._credit >= 0 and self._plain_steps):
+                return
+            began = time.perf_counter()
             self._prefill_alone(slot, self._sizer.chunk if decoding else self.config.prefill_chunk)
+            if decoding:
+                self._credit -= time.perf_counter() - began
             if slot.seq.ready and slot in self._active:
                 slot.ticket.post(PromptLogprobs(tuple(slot.seq.prompt_logprobs)))
                 if slot.ticket.job.prompt_only:
