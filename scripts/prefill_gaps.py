@@ -2,7 +2,10 @@
 idle gap between SSE events (before the prompt arrives, and that of the same stream run alone, at the same
 events), and the median and largest gap while the prompt is prefilled (docs/serving.md, "Continuous batching").
 
-    .venv/bin/python scripts/prefill_gaps.py [trials]
+    .venv/bin/python scripts/prefill_gaps.py [trials] [--scored]
+
+--scored: the long prompt is scored (`echo`, `logprobs: 0`, `max_tokens: 0`) rather than decoded, with a different
+first line each trial (a scored prompt never reuses a parked row's KV; a decoded one would).
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ def gaps_of(stream: subprocess.Popen) -> list[tuple[float, float]]:
     return [(later - earlier, earlier) for earlier, later in zip(times, times[1:])]
 
 
-def trial(server: BackgroundServer, model: str, alone: list[tuple[float, float]]) -> str:
+def trial(server: BackgroundServer, model: str, alone: list[tuple[float, float]], number: int = 0,
+          scored: bool = False) -> str:
     """Both clients are processes of their own: in this process their threads took CPU and the GIL from the
     server's and held the stream longer than the server did; the long request is curl's, as a second Python
     process starting up took the CPU from the stream's client and delayed its reads by up to 170 ms
@@ -57,8 +61,7 @@ def trial(server: BackgroundServer, model: str, alone: list[tuple[float, float]]
     curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Content-Type: application/json",
             "--data-binary", "@-", server.url + "/v1/completions"]
     status = subprocess.run(curl, capture_output=True, text=True,
-                            input=json.dumps({"model": model, "prompt": LONG_PROMPT, "max_tokens": 1,
-                                              "temperature": 0})).stdout
+                            input=json.dumps(_long_request(model, number, scored))).stdout
     done = time.perf_counter()
     gaps = gaps_of(stream)
     idle = statistics.median(gap for gap, at in gaps if at < sent - 0.2)
@@ -72,13 +75,21 @@ def trial(server: BackgroundServer, model: str, alone: list[tuple[float, float]]
             f"the same events; alone its own max there is {max(same_events) / same:.1f}x)")
 
 
+def _long_request(model: str, number: int, scored: bool) -> dict:
+    if not scored:
+        return {"model": model, "prompt": LONG_PROMPT, "max_tokens": 1, "temperature": 0}
+    return {"model": model, "prompt": f"Trial {number}. {LONG_PROMPT}", "max_tokens": 0, "echo": True, "logprobs": 0}
+
+
 def main() -> None:
     service = build_service(ServeConfig(ModelConfig(), DrafterConfig("prompt-lookup")).resolved())
     print("long prompt tokens:", len(service.target.tokenizer(LONG_PROMPT)["input_ids"]), flush=True)
     with BackgroundServer(create_app(service)) as server:
         alone = gaps_of(start_stream(server, service.config.model_name))
-        for number in range(int(sys.argv[1]) if len(sys.argv) > 1 else 2):
-            print(f"trial {number}: {trial(server, service.config.model_name, alone)}", flush=True)
+        args = [arg for arg in sys.argv[1:] if arg != "--scored"]
+        for number in range(int(args[0]) if args else 2):
+            print(f"trial {number}: {trial(server, service.config.model_name, alone, number, '--scored' in sys.argv)}",
+                  flush=True)
 
 
 if __name__ == "__main__":
