@@ -238,3 +238,17 @@ def test_echo_with_logprobs_then_generates(server, tiny_target):
 def test_max_tokens_zero_needs_echo(server):
     reply = _post(server, {"prompt": "x", "max_tokens": 0})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"
+
+
+def test_an_evaluation_harness_request(server, tiny_target, tiny_model):
+    """lm-evaluation-harness's `local-completions` scores a continuation with a batch of token-id prompts, `echo`,
+    `logprobs: 1` and one generated token, then reads each choice's `token_logprobs[context:-1]` by its index."""
+    context, continuation = _ids(tiny_target, "The cat sat"), _ids(tiny_target, " on the mat")
+    prompts = [context + continuation, context]
+    body = {"prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0, "seed": 1234}
+    choices = sorted(_post(server, body).json()["choices"], key=lambda choice: choice["index"])
+    assert [len(c["logprobs"]["token_logprobs"]) for c in choices] == [len(p) + 1 for p in prompts]
+    scored = choices[0]["logprobs"]["token_logprobs"][len(context) : -1]
+    expected = _prompt_logprobs(tiny_model, prompts[0])[len(context) - 1 :, :]
+    picked = expected[torch.arange(len(continuation)), torch.tensor(continuation)]
+    assert torch.allclose(torch.tensor(scored), picked, atol=1e-4)
