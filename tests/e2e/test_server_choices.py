@@ -241,14 +241,22 @@ def test_max_tokens_zero_needs_echo(server):
 
 
 def test_an_evaluation_harness_request(server, tiny_target, tiny_model):
-    """lm-evaluation-harness's `local-completions` scores a continuation with a batch of token-id prompts, `echo`,
-    `logprobs: 1` and one generated token, then reads each choice's `token_logprobs[context:-1]` by its index."""
-    context, continuation = _ids(tiny_target, "The cat sat"), _ids(tiny_target, " on the mat")
-    prompts = [context + continuation, context]
+    """lm-evaluation-harness's `local-completions` scores continuations with a batch of token-id prompts, `echo`,
+    `logprobs: 1` and one generated token, then reads each choice's `token_logprobs[context:-1]` by its index and
+    calls a continuation greedy when each of its logprobs is the largest in its `top_logprobs`."""
+    context = _ids(tiny_target, "The cat sat")
+    greedy_tail = reference(tiny_target, context, 3, stop_on_eos=False).token_ids
+    continuations = [_ids(tiny_target, " on the mat"), list(greedy_tail)]
+    prompts = [context + continuation for continuation in continuations]
     body = {"prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0, "seed": 1234}
     choices = sorted(_post(server, body).json()["choices"], key=lambda choice: choice["index"])
     assert [len(c["logprobs"]["token_logprobs"]) for c in choices] == [len(p) + 1 for p in prompts]
-    scored = choices[0]["logprobs"]["token_logprobs"][len(context) : -1]
-    expected = _prompt_logprobs(tiny_model, prompts[0])[len(context) - 1 :, :]
-    picked = expected[torch.arange(len(continuation)), torch.tensor(continuation)]
-    assert torch.allclose(torch.tensor(scored), picked, atol=1e-4)
+    for choice, prompt, continuation in zip(choices, prompts, continuations):
+        scored = choice["logprobs"]["token_logprobs"][len(context) : -1]
+        expected = _prompt_logprobs(tiny_model, prompt)[len(context) - 1 : len(prompt) - 1]
+        picked = expected[torch.arange(len(continuation)), torch.tensor(continuation)]
+        assert torch.allclose(torch.tensor(scored), picked, atol=1e-4)
+        tops = choice["logprobs"]["top_logprobs"][len(context) : -1]
+        greedy = all(logprob == max(top.values()) for logprob, top in zip(scored, tops))  # the harness's test
+        assert greedy == (expected.argmax(dim=-1).tolist() == continuation)
+    assert continuations[1] != continuations[0] and greedy  # the greedy continuation is found greedy
