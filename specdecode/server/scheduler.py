@@ -383,7 +383,7 @@ class Scheduler:
             prefill = self._chunks(self.config.prefill_chunk, short)
         else:  # a long prompt loads in chunks that each cost the running streams about prefill_burst steps, paid
             # for by decoding time (from a plain step's time: the first step with rows decoding carries none)
-            prefill = self._chunks(self._sizer.chunk) if self._credit >= 0 and self._plain_steps else []
+            prefill = self._chunks(self._sizer.chunk) if self._prefill_paid() else []
         if prefill and self.engine.cache.static:  # fixed-shape steps keep their shapes: chunks go alone
             for slot, _ in prefill:
                 self._prefill_alone(slot, self.config.prefill_chunk)
@@ -438,7 +438,7 @@ class Scheduler:
         one is prefilled its logprobs go out, and a prompt-only request ends."""
         decoding = any(slot.seq.ready for slot in self._active)
         for slot in [s for s in self._active if s.seq.prefilling and s.seq.generation.prompt_logprobs is not None]:
-            if decoding and not (self._credit >= 0 and self._plain_steps):
+            if decoding and not self._prefill_paid():
                 return
             began = time.perf_counter()
             self._prefill_alone(slot, self._sizer.chunk if decoding else self.config.prefill_chunk)
@@ -490,6 +490,11 @@ class Scheduler:
         added = max(0.0, seconds - plain)
         self._credit -= added
         self._sizer.observe(tokens, added, plain)
+
+    def _prefill_paid(self) -> bool:
+        """Whether decoding time has paid for the next prefill chunk beside decoding rows (and a plain step has
+        been timed to charge it against)."""
+        return self._credit >= 0 and bool(self._plain_steps)
 
     def _earn(self, seconds: float) -> None:
         """A plain step while prompts wait: its time, times the share, pays for prefill; nothing is saved up
