@@ -210,12 +210,6 @@ def usage(stats: Sequence[RequestStats], n: int = 1) -> s.Usage:
     """The request's usage over its choices, in order (n per prompt). As OpenAI counts it, each prompt's tokens
     once (and its cached tokens, from its first choice) and every choice's completion tokens; tau and the
     acceptance rate over all choices' passes and drafts, so they are what one choice's would be for n = 1."""
-    if len(stats) == 1:
-        (one,) = stats
-        return s.Usage(prompt_tokens=one.prompt_tokens, completion_tokens=one.completion_tokens,
-                       total_tokens=one.prompt_tokens + one.completion_tokens, tau=one.tau,
-                       target_passes=one.target_passes, acceptance_rate=one.acceptance_rate, drafter=one.drafter,
-                       forced_tokens=one.forced, prompt_tokens_details=s.PromptTokensDetails(cached_tokens=one.cached))
     firsts = stats[::n]
     prompt = sum(one.prompt_tokens for one in firsts)
     completion = sum(one.completion_tokens for one in stats)

@@ -27,7 +27,7 @@ def _events(logprobs: bool) -> list:
     return [TextDelta("ab", (1, 2), lp(1, 2), StepTrace(("draft", "correction"), 4, 4, 1)),
             TextDelta("", (3,), lp(3), StepTrace(("target",), 0, 0, 0)),
             TextDelta("cd", (4,), lp(4), StepTrace(("bonus",), 4, 0, 0)),
-            Finished("length", RequestStats(3, 4, 3, 1.3333, 0.5, "prompt-lookup", 0))]
+            Finished("length", RequestStats(3, 4, 3, 1.3333, 0.5, "prompt-lookup", 0, proposed=4))]
 
 
 def _stream(chat: bool, include_usage: bool, logprobs: bool, trace: bool) -> str:
