@@ -4,6 +4,7 @@ in the scheduler)."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -104,3 +105,12 @@ def ask_code_twice(service: Service, target: Target, drafter: str) -> tuple[list
                                              extra_body={"speculation": {"drafter": drafter}}) for _ in range(2)]
         metrics = httpx.get(server.url + "/metrics").text
     return replies, metrics, expected.text
+
+
+def wait_idle(server, timeout: float = 5.0) -> dict:
+    """/health once no request is active or queued (an assertion error after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while (state := httpx.get(server.url + "/health").json())["active"] or state["queued"]:
+        assert time.monotonic() < deadline, f"server still busy: {state}"
+        time.sleep(0.02)
+    return state

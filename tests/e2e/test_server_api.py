@@ -15,7 +15,7 @@ from specdecode.core.drafting import Draft
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
 from specdecode.server.policy import CostTable, SpecPolicy
-from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, serving, tiny_service
+from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, serving, tiny_service, wait_idle
 
 
 class Exploding(BaseDrafter):
@@ -62,14 +62,6 @@ def one_row_server(tiny_target):
 
 def _state(server) -> dict:
     return httpx.get(server.url + "/health").json()
-
-
-def _wait_idle(server, timeout: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while (state := _state(server))["active"] or state["queued"]:
-        assert time.monotonic() < deadline, f"server still busy: {state}"
-        time.sleep(0.02)
-    return state
 
 
 def _free_rows(server) -> list[int]:
@@ -276,7 +268,7 @@ def test_failing_request_fails_alone(tiny_target, server, client):
     again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
                                       extra_body={"ignore_eos": True, "speculation": {"drafter": "bad-cleanup"}})
     assert again.choices[0].text == expected.text  # a drafter whose cleanup raises still serves its request
-    _wait_idle(server)
+    wait_idle(server)
     assert _free_rows(server) == list(range(8))
 
 
@@ -299,7 +291,7 @@ def test_full_queue_answers_429_and_disconnects_free_rows(one_row_server):
                 assert refused.headers["retry-after"] == "1"
                 assert waiting.status_code == 200
         # both clients hung up mid-stream: the rows and the queue empty within a step or so
-        state = _wait_idle(one_row_server, timeout=3.0)
+        state = wait_idle(one_row_server, timeout=3.0)
     assert state == {"status": "ok", "active": 0, "queued": 0}
     assert _free_rows(one_row_server) == [0]
     metrics = httpx.get(one_row_server.url + "/metrics").text
@@ -311,7 +303,7 @@ def test_non_streaming_disconnect_frees_row(one_row_server):
             "speculation": {"drafter": "none"}}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(one_row_server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
-    _wait_idle(one_row_server, timeout=3.0)
+    wait_idle(one_row_server, timeout=3.0)
     reply = httpx.post(one_row_server.url + "/v1/completions", json={**body, "max_tokens": 3})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] <= 3
 

@@ -4,7 +4,6 @@ decoded alone: greedy choices the plain greedy text, seeded choice j the single 
 from __future__ import annotations
 
 import json
-import time
 from types import SimpleNamespace
 
 import httpx
@@ -16,7 +15,7 @@ from specdecode.server.app import _submit
 from specdecode.server.errors import APIError
 from specdecode.server.replies import usage
 from specdecode.server.scheduler import QueueFull, RequestStats
-from tests.e2e.server_util import MODEL, chat_ids, reference, serving, tiny_service
+from tests.e2e.server_util import MODEL, chat_ids, reference, serving, tiny_service, wait_idle
 
 PROMPTS = ["Once upon a time", "The cat sat on"]
 
@@ -154,14 +153,6 @@ def test_usage_sums_choices_and_counts_each_prompt_once():
 
 
 
-def _wait_idle(server, timeout: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while (state := httpx.get(server.url + "/health").json())["active"] or state["queued"]:
-        assert time.monotonic() < deadline, f"server still busy: {state}"
-        time.sleep(0.02)
-    return state
-
-
 def _aborted(server) -> float:
     metrics = httpx.get(server.url + "/metrics").text
     return sum(float(line.split()[-1]) for line in metrics.splitlines()
@@ -183,7 +174,7 @@ def test_a_client_that_hangs_up_frees_every_choices_row(server, stream):
     else:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
-    _wait_idle(server, timeout=3.0)  # well before the 5 s the six choices take
+    wait_idle(server, timeout=3.0)  # well before the 5 s the six choices take
     engine = server.app.state.service.scheduler.engine
     assert sorted(engine._free_rows) == [0, 1, 2, 3]
     assert _aborted(server) == aborted + 4  # the rows that ran; the two queued never started
