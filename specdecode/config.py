@@ -188,6 +188,8 @@ class GenerationConfig:
     max_new_tokens: int = 128
     stop_on_eos: bool = True
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
+    # strings that end the output and stay in it (the end of a tool call, where a reply may make only one)
+    stop_after: tuple[str, ...] = field(default_factory=tuple)
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
     structure: Structure | None = None  # what the output must match (structured outputs); None: free text
     logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
@@ -202,13 +204,15 @@ class GenerationConfig:
         if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
             raise ConfigError(f"cache_salt must be a non-empty string or None, got {self.cache_salt!r:.80}")
         _check_types("generation", max_new_tokens=(self.max_new_tokens, _INT), stop_on_eos=(self.stop_on_eos, _BOOL),
-                     stop_strings=(self.stop_strings, _STRINGS), detokenize=(self.detokenize, _BOOL))
-        if self.stop_strings and not self.detokenize:
-            raise ConfigError("stop_strings are matched on text: they need detokenize=True")
+                     stop_strings=(self.stop_strings, _STRINGS), stop_after=(self.stop_after, _STRINGS),
+                     detokenize=(self.detokenize, _BOOL))
+        if (self.stop_strings or self.stop_after) and not self.detokenize:
+            raise ConfigError("stop strings are matched on text: they need detokenize=True")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
-        if not all(isinstance(s, str) and s for s in self.stop_strings):  # "" would be dropped, not matched
-            raise ConfigError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        for name in ("stop_strings", "stop_after"):
+            if not all(isinstance(s, str) and s for s in getattr(self, name)):  # "" would be dropped, not matched
+                raise ConfigError(f"{name} must be non-empty strings, got {getattr(self, name)!r}")
         if self.structure is not None and not isinstance(self.structure, Structure):
             raise ConfigError(f"structure must be a Structure or None, got {self.structure!r:.80}")
         for name in ("logprobs", "prompt_logprobs"):

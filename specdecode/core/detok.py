@@ -36,11 +36,13 @@ class TextStream:
 
 
 class StopText:
-    """Detokenise incrementally and cut at the first stop string; holds back text that could begin one."""
+    """Detokenise incrementally and cut at the first stop string (`after`: strings that end the text and stay in
+    it); holds back text that could begin one."""
 
-    def __init__(self, tokenizer, stop_strings: tuple[str, ...]):
+    def __init__(self, tokenizer, stop_strings: tuple[str, ...], after: tuple[str, ...] = ()):
         self.stream = TextStream(tokenizer)
-        self.stops = tuple(s for s in stop_strings if s)
+        self.kept = tuple(s for s in after if s)
+        self.stops = tuple(s for s in stop_strings if s) + self.kept
         self.pending = ""
 
     def push(self, tokens: list[int], final: bool) -> tuple[str, bool]:
@@ -49,9 +51,10 @@ class StopText:
         self.pending += self.stream.push(tokens)
         if final:
             self.pending += self.stream.flush()
-        cut = min((self.pending.find(s) for s in self.stops if s in self.pending), default=-1)
-        if cut >= 0:
-            out, self.pending = self.pending[:cut], ""
+        found = [(self.pending.find(s), s) for s in self.stops if s in self.pending]
+        if found:
+            cut, stop = min(found, key=lambda at: at[0])
+            out, self.pending = self.pending[:cut + (len(stop) if stop in self.kept else 0)], ""
             return out, True
         hold = 0 if final else max((len(s) - 1 for s in self.stops), default=0)
         hold = min(hold, len(self.pending))

@@ -131,7 +131,7 @@ class Engine:
         length = SpeculationLength(self.spec, plain=deque(self._plain_costs))
         seq = Sequence(ctx, generation, length, GenerationMetrics(), len(prompt_ids))
         if generation.detokenize and self.target.tokenizer is not None:
-            seq.text = StopText(self.target.tokenizer, generation.stop_strings)
+            seq.text = StopText(self.target.tokenizer, generation.stop_strings, generation.stop_after)
         seq.constraint = constraint
         seq.metrics.prompt_tokens = len(prompt_ids)
         seq.metrics.cached_prompt_tokens = seq.prefilled = shared

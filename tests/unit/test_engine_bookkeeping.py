@@ -90,3 +90,17 @@ def test_stop_string_is_cut_whatever_the_token_boundaries(pieces):
         if stopped:
             break
     assert stopped and out == "hello "
+
+
+@pytest.mark.parametrize("pieces", [["one</end> two"], ["one</e", "nd> two"], list("one</end> two")])
+def test_a_kept_stop_string_ends_the_text_and_stays_in_it(pieces):
+    """stop_after (the end of a tool call when a reply may make one): cut after the string, whatever the tokens."""
+    tokenizer = byte_tokenizer()
+    text = StopText(tokenizer, ("STOP",), after=("</end>",))
+    out, stopped = "", False
+    for i, piece in enumerate(pieces):
+        delta, stopped = text.push(tokenizer(piece)["input_ids"], final=i == len(pieces) - 1)
+        out += delta
+        if stopped:
+            break
+    assert stopped and out == "one</end>"
