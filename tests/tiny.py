@@ -22,6 +22,17 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
+# A chat template that teaches Hermes' tool calls, as Qwen2.5's does (shorter): the tools as JSON, each earlier call
+# as <tool_call> JSON with its arguments written by `tojson`
+TOOL_TEMPLATE = (
+    "{% if tools %}<|system|>Tools:{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n"
+    "Call one as <tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call>\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% for call in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer without merges: 256 byte tokens + <pad>, <s>, </s>. Round-trips any text."""

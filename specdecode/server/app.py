@@ -50,6 +50,7 @@ from specdecode.server.scheduler import (
     Ticket,
     TooLarge,
 )
+from specdecode.server.tools import ToolError, ToolFormat, ToolUse, template_messages, tool_format, tool_use
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1  # a full queue drains in about one request's time: clients should come back soon, not at once
@@ -88,6 +89,8 @@ class Service:
     metrics: ServerMetrics
     tokenizer_lock: threading.Lock
     created: int
+    tool_format: ToolFormat | None  # how the chat template's model calls tools; None: it serves no tools
+    added_tokens: frozenset[str]  # the tokenizer's added tokens (a tool-call marker may be one)
 
     @property
     def drafters(self) -> list[str]:
@@ -110,7 +113,9 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     scheduling = SchedulerConfig(config.max_batch, config.max_queue, kv_cache_bytes=config.kv_cache_bytes,
                                  prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
-    return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()))
+    added = getattr(target.tokenizer, "get_added_vocab", dict)()
+    return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
+                   tool_format(target.tokenizer), frozenset(added))
 
 
 def create_app(service: Service) -> FastAPI:
@@ -281,6 +286,10 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     schemas["SpeculationOptions"]["properties"]["drafter"] = {"enum": [None, *service.drafters]}
     schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size,
                                                                     service.config.max_queue)
+    if service.tool_format is None:  # a template that shows no calling format: tools are a 400
+        schemas["ChatCompletionRequest"]["properties"].update(tools={"enum": [None, []]},
+                                                              tool_choice={"enum": [None, "none", "auto"]})
+        schemas["ChatMessage"]["properties"]["tool_calls"] = {"enum": [None, []]}
     message = schemas["ChatMessage"]  # content may be null or left out only in an assistant message: not told here
     message["required"] = [*message.get("required", []), "content"]
     content = message["properties"]["content"]
@@ -330,7 +339,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
                             f"{service.config.model_name!r}",
                        param="model", code="model_not_found")
     shape = await asyncio.to_thread(_output_shape, service, req)  # compiling a grammar must not stall the streams
-    prompts = await asyncio.to_thread(_encode, service, req, chat)  # a long prompt must not stall the streams
+    prompts = await asyncio.to_thread(_encode, service, req, shape.tools)  # a long prompt must not stall the streams
     n = req.n or 1
     if len(prompts) * n > service.config.max_queue:
         raise bad_request(f"the request asks for {len(prompts) * n} choices ({len(prompts)} prompts x n={n}); this "
@@ -340,7 +349,8 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     echoes = await asyncio.to_thread(_echoes, service, req, prompts)
     choices = _choices(jobs, echoes, n, asyncio.get_running_loop())
     _submit(service, [choice.ticket for choice in choices])
-    reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token))
+    reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token),
+                  calls=shape.tools.reading)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(sse(choices, reply, n, include_usage, trace), media_type="text/event-stream",
@@ -446,11 +456,11 @@ async def _read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, chat: bool) -> list[list[int]]:
+def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, tools: ToolUse) -> list[list[int]]:
     """The request's prompts as token ids (a chat request has one)."""
     with service.tokenizer_lock:
-        if chat:
-            return [_encode_chat(service, req)]  # type: ignore[arg-type]
+        if isinstance(req, s.ChatCompletionRequest):
+            return [_encode_chat(service, req, tools)]
         return [_encode_prompt(service, prompt) for prompt in req.prompts()]  # type: ignore[union-attr]
 
 
@@ -475,7 +485,7 @@ def _echoes(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest
                 for prompt, ids in zip(req.prompts(), prompts)]  # type: ignore[union-attr]
 
 
-def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
+def _encode_chat(service: Service, req: s.ChatCompletionRequest, tools: ToolUse) -> list[int]:
     tokenizer = service.target.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", "messages", "no_chat_template")
@@ -484,9 +494,13 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
             raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content", "invalid_value")
     # OpenAI's "developer" role is its newer name for "system"; a template that does not know it gets "system"
     developer = "developer" if "developer" in str(tokenizer.chat_template) else "system"
-    messages = [{"role": developer if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
     try:
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        messages = template_messages(req.messages, developer)
+    except ToolError as error:
+        raise bad_request(str(error), error.param, "invalid_value") from None
+    try:
+        encoded = tokenizer.apply_chat_template(messages, tools=tools.tools, add_generation_prompt=True,
+                                                tokenize=True)
     except Exception as error:  # noqa: BLE001 - a template may reject a conversation (e.g. role order)
         raise bad_request(f"the chat template rejected the messages: {error}", "messages", "invalid_value") from None
     ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
@@ -495,10 +509,11 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest) -> list[int]:
 
 @dataclass(frozen=True)
 class _OutputShape:
-    """What a request asks of its output beyond text: a structure, and logprobs (top-N)."""
+    """What a request asks of its output beyond text: a structure, logprobs (top-N), and its use of tools."""
 
     structure: Structure | None
     logprobs: int | None
+    tools: ToolUse = ToolUse()
 
 
 def _output_shape(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest) -> _OutputShape:
@@ -506,18 +521,42 @@ def _output_shape(service: Service, req: s.CompletionRequest | s.ChatCompletionR
     try:
         asked = req.structure()
         logprobs = req.top_logprobs_wanted()
+        tools = _tool_use(service, req) if isinstance(req, s.ChatCompletionRequest) else ToolUse()
     except s.StructureError as error:
         raise bad_request(str(error), error.param, "invalid_structure") from None
+    except ToolError as error:
+        raise bad_request(str(error), error.param, "invalid_value") from None
     except ValueError as error:
         raise bad_request(str(error), "top_logprobs", "invalid_value") from None
+    if asked is not None and tools.structure is not None:
+        raise bad_request(f"{asked[0]} and tool_choice both shape the reply; send one of them", "tool_choice",
+                          "invalid_value")
+    if tools.structure is not None:
+        asked = ("tools", tools.structure)
     if asked is None:
-        return _OutputShape(None, logprobs)
+        return _OutputShape(None, logprobs, tools)
     param, structure = asked
     try:
         service.scheduler.engine.grammars.check(structure)
     except ValueError as error:  # ConfigError, or a grammar front end's own error: the request's text is at fault
+        if param == "tools":
+            raise _bad_tool(service, req) or bad_request(str(error), param, "invalid_structure") from None
         raise bad_request(str(error), param, "invalid_structure") from None
-    return _OutputShape(structure, logprobs)
+    return _OutputShape(structure, logprobs, tools)
+
+
+def _bad_tool(service: Service, req: s.ChatCompletionRequest) -> APIError | None:
+    """The 400 naming the first tool whose arguments' schema does not compile alone, if one does not."""
+    for i, tool in enumerate(req.tools or []):
+        try:
+            service.scheduler.engine.grammars.check(Structure.json_schema(tool.function.parameters or {}))
+        except ValueError as error:
+            return bad_request(str(error), f"tools.{i}.function.parameters", "invalid_structure")
+    return None
+
+
+def _tool_use(service: Service, req: s.ChatCompletionRequest) -> ToolUse:
+    return tool_use(req, service.tool_format, service.added_tokens)
 
 
 def _token_text(service: Service, token: int) -> str:
@@ -574,6 +613,7 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
         generation = GenerationConfig(max_new_tokens=1 if prompt_only else max_tokens or min(
                                           service.config.default_max_tokens, room),
                                       stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x),
+                                      stop_after=shape.tools.stop_after,
                                       structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt,
                                       prompt_logprobs=shape.logprobs if echo else None)
     except ConfigError as error:

@@ -20,6 +20,7 @@ from specdecode.server import schemas as s
 from specdecode.server.errors import APIError
 from specdecode.server.logprobs import chat_logprobs, completion_logprobs
 from specdecode.server.scheduler import Event, Failed, Finished, PromptLogprobs, RequestStats, TextDelta, Ticket
+from specdecode.server.tools import Call, CallReader, Reading, read_calls
 
 
 @dataclass(frozen=True)
@@ -34,17 +35,20 @@ class Choice:
 
 
 class Reply:
-    """Builds one choice's bodies (all choices of a request share its id and timestamp: see `sibling`)."""
+    """Builds one choice's bodies (all choices of a request share its id and timestamp: see `sibling`). calls: how
+    tool calls are read out of the text (a chat request offered tools), None: the text is content."""
 
     def __init__(self, model: str, chat: bool, token_text: Callable[[int], str], index: int = 0,
-                 id: str | None = None, created: int | None = None):
+                 id: str | None = None, created: int | None = None, calls: Reading | None = None):
         self.model, self.chat, self.token_text, self.index = model, chat, token_text, index
         self.id = id or ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time()) if created is None else created
         self.offset = 0  # characters of this choice's token text sent so far (completions' text_offset)
+        self.calls = calls
+        self.reader = CallReader(calls) if calls is not None else None  # this choice's stream's calls
 
     def sibling(self, index: int) -> Reply:
-        return Reply(self.model, self.chat, self.token_text, index, self.id, self.created)
+        return Reply(self.model, self.chat, self.token_text, index, self.id, self.created, self.calls)
 
     def _head(self) -> dict:
         return {"id": self.id, "created": self.created, "model": self.model}
@@ -52,29 +56,68 @@ class Reply:
     def choice(self, text: str, event: Finished, logprobs: list | None,
                lead: int | None = None) -> s.ChatChoice | s.CompletionChoice:
         if self.chat:
-            return s.ChatChoice(index=self.index, message=s.AssistantMessage(content=text),
-                                finish_reason=event.finish_reason, logprobs=self._chat_logprobs(logprobs))
+            content, calls = read_calls(self.calls, text) if self.calls is not None else (text, [])
+            message = s.AssistantMessage(content=content, tool_calls=[call.reply() for call in calls] or None)
+            return s.ChatChoice(index=self.index, message=message, finish_reason=_finish(event.finish_reason, calls),
+                                logprobs=self._chat_logprobs(logprobs))
         return s.CompletionChoice(index=self.index, text=text, finish_reason=event.finish_reason,
                                   logprobs=self._completion_logprobs(logprobs, lead))
 
     def whole(self, choices: Sequence[s.ChatChoice | s.CompletionChoice], usage: s.Usage) -> dict:
         if self.chat:
-            return s.ChatCompletion(**self._head(), choices=list(choices), usage=usage).model_dump()
+            body = s.ChatCompletion(**self._head(), choices=list(choices), usage=usage).model_dump()
+            for choice in body["choices"]:
+                if choice["message"]["tool_calls"] is None:
+                    del choice["message"]["tool_calls"]
+            return body
         return s.Completion(**self._head(), choices=list(choices), usage=usage).model_dump()
 
     def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
-              logprobs=None, lead: int | None = None) -> dict:
+              logprobs=None, lead: int | None = None, call: s.CallDelta | None = None) -> dict:
         if self.chat:
-            choice = s.ChatChunkChoice(index=self.index, delta=s.Delta(role=role, content=text if role is None else ""),
-                                       finish_reason=finish_reason, logprobs=self._chat_logprobs(logprobs))
+            delta = s.Delta(role=role, content=None if call else text if role is None else "",
+                            tool_calls=[call] if call else None)
+            choice = s.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish_reason,
+                                       logprobs=self._chat_logprobs(logprobs))
             return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
         choice = s.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason,
                                     logprobs=self._completion_logprobs(logprobs, lead))
         return _dump(s.Completion(**self._head(), choices=[choice]))
 
-    def traced(self, event: TextDelta) -> dict:
-        """The event's chunk with its `speculation` field (s.SpeculationTrace)."""
-        body = self.chunk(text=event.text, logprobs=event.logprobs)
+    def pieces(self, event: TextDelta) -> list[dict]:
+        """The chunks of a step's text: its content, and with tools, each call that closed (the step's logprobs
+        ride the first chunk, or a chunk of their own while the text is held)."""
+        if self.reader is None:
+            return [self.chunk(text=event.text, logprobs=event.logprobs)] if event.text or event.logprobs else []
+        return self._read(self.reader.feed(event.text), event.logprobs)
+
+    def finished(self, event: Finished) -> list[dict]:
+        """The last chunks: what a tool-call reader held, then the finish reason."""
+        held = self._read(self.reader.close(), None) if self.reader is not None else []
+        calls = [None] * (self.reader.calls if self.reader is not None else 0)
+        return [*held, self.chunk(text="", finish_reason=_finish(event.finish_reason, calls))]
+
+    def _read(self, pieces: list[str | Call], logprobs) -> list[dict]:
+        assert self.reader is not None
+        chunks, index = [], self.reader.calls - sum(isinstance(piece, Call) for piece in pieces)  # the first's
+        for piece in pieces:
+            if isinstance(piece, str):
+                chunks.append(self.chunk(text=piece, logprobs=logprobs))
+            else:
+                call = s.CallDelta(index=index, **piece.reply().model_dump())
+                chunks.append(self.chunk(text="", logprobs=logprobs, call=call))
+                index += 1
+            logprobs = None
+        if logprobs:
+            chunks.append(self.chunk(text="", logprobs=logprobs))
+        return chunks
+
+    def traced(self, event: TextDelta) -> list[dict]:
+        """The event's chunk with its `speculation` field (s.SpeculationTrace); with tools, its content's, then a
+        chunk for each call that closed."""
+        pieces = self.reader.feed(event.text) if self.reader is not None else [event.text]
+        calls = self._read([piece for piece in pieces if isinstance(piece, Call)], None) if self.reader else []
+        body = self.chunk(text="".join(piece for piece in pieces if isinstance(piece, str)), logprobs=event.logprobs)
         step = event.trace
         assert step is not None and len(step.origins) == len(event.token_ids)
         logprobs = event.logprobs or ()
@@ -83,7 +126,7 @@ class Reply:
                   for i, (token, origin) in enumerate(zip(event.token_ids, step.origins))]
         trace = s.SpeculationTrace(k=step.k, drafted=step.depth, accepted=step.accepted, tokens=tokens)
         body["speculation"] = trace.model_dump(exclude_none=True)
-        return body
+        return [body, *calls]
 
     def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
         return None if entries is None else chat_logprobs(entries, self.token_text)
@@ -148,12 +191,11 @@ async def sse(choices: Sequence[Choice], reply: Reply, n: int, include_usage: bo
             if isinstance(event, PromptLogprobs):
                 yield data(each.chunk(text=choices[i].echo, logprobs=event.entries, lead=choices[i].lead))
             elif isinstance(event, TextDelta):
-                if trace and event.token_ids:
-                    yield data(each.traced(event))
-                elif event.text or event.logprobs:
-                    yield data(each.chunk(text=event.text, logprobs=event.logprobs))
+                for body in each.traced(event) if trace and event.token_ids else each.pieces(event):
+                    yield data(body)
             elif isinstance(event, Finished):
-                yield data(each.chunk(text="", finish_reason=event.finish_reason))
+                for body in each.finished(event):
+                    yield data(body)
                 finished[i] = event.stats
                 if all(stats is not None for stats in finished):
                     if include_usage:
@@ -203,7 +245,15 @@ def _dump(model: BaseModel) -> dict:
     body = model.model_dump()
     if body.get("usage") is None:
         body.pop("usage", None)
+    for choice in body["choices"]:
+        if "delta" in choice and choice["delta"]["tool_calls"] is None:
+            del choice["delta"]["tool_calls"]
     return body
+
+
+def _finish(reason: str | None, calls: Sequence) -> str | None:
+    """OpenAI's finish reason: "tool_calls" for a reply that ends having made calls."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def usage(stats: Sequence[RequestStats], n: int = 1) -> s.Usage:

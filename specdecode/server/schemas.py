@@ -4,10 +4,10 @@ Validation policy for request fields, in three kinds:
 1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, echo, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (best_of, suffix, tools, functions, audio, a message's name or
-   tool_calls, ...) and the vLLM sampling extensions we do not (min_tokens, stop_token_ids, ...) are accepted
-   only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the
-   field is unsupported, so a client never gets silently different behaviour.
+2. OpenAI fields we do not implement (best_of, suffix, functions, audio, a message's name, ...) and the vLLM
+   sampling extensions we do not (min_tokens, stop_token_ids, ...) are accepted only at their neutral value
+   (null / false / 0 / 1 / empty); anything else is a 400 that says the field is unsupported, so a client never
+   gets silently different behaviour.
 3. Other fields are ignored: SDKs and proxies add fields freely (and OpenAI's bookkeeping fields such as
    `metadata`, `store` or `service_tier` do not change the output), and such a field has no declared type to be
    wrong about.
@@ -16,6 +16,8 @@ Structured outputs: `response_format` ({"type": "json_object"} or {"type": "json
 "json_object": ...}` (its older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` too); one per
 request. Logprobs: completions' `logprobs: N` (with `echo`, the prompt's too; `max_tokens: 0` then scores it alone)
 and chat's `logprobs: true` with `top_logprobs: N` (N <= 20).
+Tools: chat's `tools`, `tool_choice`, `parallel_tool_calls`, an assistant message's `tool_calls` and a tool
+message's `tool_call_id` (tools.py), where the model's chat template teaches a calling format.
 Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_bias` ({"token id": -100..100}),
 and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K, "trace": true}` chooses the drafter ("none" disables
@@ -35,6 +37,7 @@ from specdecode.config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, Structure
 from specdecode.errors import ConfigError
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # OpenAI's logit_bias keys: token ids as strings
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 MAX_CHOICES = 128  # OpenAI's bound on n; a request's choices (prompts x n) are also bounded by the server's queue
 
 
@@ -226,14 +229,49 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    name: str = Field(pattern=TOOL_NAME)
+    arguments: str  # JSON text of an object, as OpenAI writes it
+
+
+class ToolCall(_Request):
+    """A call the assistant made (in a message of the conversation, or in a reply)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; none: no arguments
+    strict: bool | None = None  # calls forced by tool_choice always match the schema; "auto" calls are the model's
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # null only for an assistant message (see the app)
+    tool_calls: list[ToolCall] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message's: the call it answers
     # the chat template has no place for these: accepted only when empty
     name: Any = None
-    tool_calls: Any = None
     function_call: Any = None
-    NEUTRAL: ClassVar[dict[str, tuple]] = {"name": (), "tool_calls": ([],), "function_call": ()}
+    NEUTRAL: ClassVar[dict[str, tuple]] = {"name": (), "function_call": ()}
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -246,8 +284,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -265,16 +304,11 @@ class ChatCompletionRequest(_Sampling):
         "modalities": (["text"],), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
         "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
         "continue_final_message": (False,)}
-    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "tools": ([],), "tool_choice": ("none", "auto")}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
         for i, message in enumerate(self.messages):
             problems += [(f"messages.{i}.{param}", text) for param, text in message.unsupported()]
-        if self.tools:
-            problems.append(("tools", "tools are not supported"))
-        if self.tool_choice not in (None, "none", "auto"):
-            problems.append(("tool_choice", "tool_choice is not supported"))
         return problems
 
     def top_logprobs_wanted(self) -> int | None:
@@ -345,16 +379,23 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
+class ReplyCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the reply is tool calls alone
+    tool_calls: list[ReplyCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -366,16 +407,23 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class CallDelta(ReplyCall):
+    """A streamed call: each comes whole in one chunk (OpenAI's clients join a call's pieces by `index`)."""
+
+    index: int
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[CallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
 
 
 class ChatCompletionChunk(BaseModel):

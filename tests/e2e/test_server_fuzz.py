@@ -3,6 +3,9 @@
 tiny model. Every answer must be below 500: bad input is a 4xx, good input decodes. Examples are derandomized,
 so a run is reproducible, and bounded (EXAMPLES per route and mode).
 
+Tools get a fuzz of their own on a template that teaches Hermes' calls (TOOL_EXAMPLES requests): generated tools,
+tool choices, parallel_tool_calls and conversations with calls whose arguments are any text.
+
 Structures get a fuzz of their own (STRUCTURE_EXAMPLES choices and regexes of arbitrary Unicode), on a tokenizer
 that lacks the bytes SmolLM2's lacks: schemathesis seldom builds a structure that decodes. Against the code before
 structures were walked when checked, this run met a 500 at its 9th example (88 of 400: text the tokenizer cannot
@@ -18,9 +21,10 @@ from schemathesis import GenerationMode
 
 from specdecode.core.target import Target
 from tests.e2e.server_util import MODEL, serving, tiny_service
-from tests.tiny import byte_tokenizer_without, tiny_llama
+from tests.tiny import TOOL_TEMPLATE, byte_tokenizer, byte_tokenizer_without, tiny_llama
 
 EXAMPLES = 50
+TOOL_EXAMPLES = 150  # ~20 s
 STRUCTURE_EXAMPLES = 400  # ~30 s
 SMOLLM2_LACKS = (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2)  # bytes no token of SmolLM2's vocabulary holds
 
@@ -76,4 +80,43 @@ def test_fuzzed_structures_never_get_a_5xx():
 
         fuzz()
         assert statuses.get(200, 0) > STRUCTURE_EXAMPLES // 2 and statuses.get(400, 0) > 0, statuses
+        assert httpx.get(running.url + "/health").json()["status"] == "ok"
+
+
+_NAME = st.text("ab_-9", min_size=1, max_size=3)
+_SCHEMA = st.one_of(st.none(), st.just({"type": "object", "properties": {"x": {"type": "integer"}}}),
+                    st.dictionaries(st.sampled_from(["type", "properties", "required", "enum", "minimum"]),
+                                    st.one_of(st.text(max_size=4), st.integers(), st.lists(st.text(max_size=3)),
+                                              st.just({"x": {"type": "string"}})), max_size=3))
+_TOOLS = st.lists(st.builds(lambda name, schema: {"type": "function", "function": {"name": name, **(
+    {} if schema is None else {"parameters": schema})}}, _NAME, _SCHEMA), max_size=3)
+_CHOICE = st.one_of(st.none(), st.sampled_from(["none", "auto", "required"]),
+                    _NAME.map(lambda name: {"type": "function", "function": {"name": name}}))
+_CALL = st.builds(lambda name, arguments: {"id": "c", "type": "function",
+                                           "function": {"name": name, "arguments": arguments}},
+                  _NAME, st.one_of(st.text(max_size=6), st.just('{"x": 1}')))
+
+
+def test_fuzzed_tools_never_get_a_5xx():
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = TOOL_TEMPLATE
+    statuses: dict[int, int] = {}
+    with serving(tiny_service(Target(tiny_llama(), tokenizer))) as running:
+        @given(tools=_TOOLS, choice=_CHOICE, parallel=st.sampled_from([None, True, False]),
+               earlier=st.lists(_CALL, max_size=2))
+        @settings(max_examples=TOOL_EXAMPLES, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        def fuzz(tools, choice, parallel, earlier) -> None:
+            messages = [{"role": "user", "content": "hi"}]
+            if earlier:
+                messages += [{"role": "assistant", "content": None, "tool_calls": earlier},
+                             {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+            body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0, "tools": tools,
+                    "tool_choice": choice, "parallel_tool_calls": parallel}
+            response = httpx.post(running.url + "/v1/chat/completions", json=body, timeout=60)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            assert response.status_code < 500, f"{response.status_code} for {body!r}: {response.text[:300]}"
+
+        fuzz()
+        assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses
         assert httpx.get(running.url + "/health").json()["status"] == "ok"
