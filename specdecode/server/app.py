@@ -521,7 +521,8 @@ def _output_shape(service: Service, req: s.CompletionRequest | s.ChatCompletionR
     try:
         asked = req.structure()
         logprobs = req.top_logprobs_wanted()
-        tools = _tool_use(service, req) if isinstance(req, s.ChatCompletionRequest) else ToolUse()
+        tools = (tool_use(req, service.tool_format, service.added_tokens)
+                 if isinstance(req, s.ChatCompletionRequest) else ToolUse())
     except s.StructureError as error:
         raise bad_request(str(error), error.param, "invalid_structure") from None
     except ToolError as error:
@@ -553,10 +554,6 @@ def _bad_tool(service: Service, req: s.ChatCompletionRequest) -> APIError | None
         except ValueError as error:
             return bad_request(str(error), f"tools.{i}.function.parameters", "invalid_structure")
     return None
-
-
-def _tool_use(service: Service, req: s.ChatCompletionRequest) -> ToolUse:
-    return tool_use(req, service.tool_format, service.added_tokens)
 
 
 def _token_text(service: Service, token: int) -> str:

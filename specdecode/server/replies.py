@@ -58,19 +58,16 @@ class Reply:
         if self.chat:
             content, calls = read_calls(self.calls, text) if self.calls is not None else (text, [])
             message = s.AssistantMessage(content=content, tool_calls=[call.reply() for call in calls] or None)
-            return s.ChatChoice(index=self.index, message=message, finish_reason=_finish(event.finish_reason, calls),
+            return s.ChatChoice(index=self.index, message=message,
+                                finish_reason=_finish(event.finish_reason, bool(calls)),
                                 logprobs=self._chat_logprobs(logprobs))
         return s.CompletionChoice(index=self.index, text=text, finish_reason=event.finish_reason,
                                   logprobs=self._completion_logprobs(logprobs, lead))
 
     def whole(self, choices: Sequence[s.ChatChoice | s.CompletionChoice], usage: s.Usage) -> dict:
         if self.chat:
-            body = s.ChatCompletion(**self._head(), choices=list(choices), usage=usage).model_dump()
-            for choice in body["choices"]:
-                if choice["message"]["tool_calls"] is None:
-                    del choice["message"]["tool_calls"]
-            return body
-        return s.Completion(**self._head(), choices=list(choices), usage=usage).model_dump()
+            return _dump(s.ChatCompletion(**self._head(), choices=list(choices), usage=usage))
+        return _dump(s.Completion(**self._head(), choices=list(choices), usage=usage))
 
     def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
               logprobs=None, lead: int | None = None, call: s.CallDelta | None = None) -> dict:
@@ -94,8 +91,8 @@ class Reply:
     def finished(self, event: Finished) -> list[dict]:
         """The last chunks: what a tool-call reader held, then the finish reason."""
         held = self._read(self.reader.close(), None) if self.reader is not None else []
-        calls = [None] * (self.reader.calls if self.reader is not None else 0)
-        return [*held, self.chunk(text="", finish_reason=_finish(event.finish_reason, calls))]
+        made = self.reader is not None and self.reader.calls > 0
+        return [*held, self.chunk(text="", finish_reason=_finish(event.finish_reason, made))]
 
     def _read(self, pieces: list[str | Call], logprobs) -> list[dict]:
         assert self.reader is not None
@@ -242,18 +239,20 @@ def data(payload: dict) -> str:
 
 
 def _dump(model: BaseModel) -> dict:
+    """The body, less a usage or a message's tool calls that are not there (OpenAI leaves them out)."""
     body = model.model_dump()
     if body.get("usage") is None:
         body.pop("usage", None)
     for choice in body["choices"]:
-        if "delta" in choice and choice["delta"]["tool_calls"] is None:
-            del choice["delta"]["tool_calls"]
+        message = choice.get("message") or choice.get("delta") or {}
+        if "tool_calls" in message and message["tool_calls"] is None:
+            del message["tool_calls"]
     return body
 
 
-def _finish(reason: str | None, calls: Sequence) -> str | None:
+def _finish(reason: str | None, made_calls: bool) -> str | None:
     """OpenAI's finish reason: "tool_calls" for a reply that ends having made calls."""
-    return "tool_calls" if calls and reason == "stop" else reason
+    return "tool_calls" if made_calls and reason == "stop" else reason
 
 
 def usage(stats: Sequence[RequestStats], n: int = 1) -> s.Usage:

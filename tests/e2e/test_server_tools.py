@@ -97,8 +97,10 @@ def test_a_forced_call_equals_plain_constrained_decoding(client, target, choice)
         assert name in {"get_weather", "add"} and isinstance(json.loads(arguments), dict)
     if choice != "required":
         assert [name for name, _ in calls(message)] == ["add"] and reply.choices[0].finish_reason == "tool_calls"
-    assert streamed(client, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=0) == (
-        message.content, calls(message), reply.choices[0].finish_reason)
+    for trace in (False, True):  # a traced stream's chunks carry the same content and calls
+        assert streamed(client, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=200, temperature=0,
+                        extra_body={"speculation": {"trace": trace}}) == (message.content, calls(message),
+                                                                          reply.choices[0].finish_reason)
 
 
 def test_auto_reads_calls_from_the_models_text_and_leaves_other_text_alone(client, target):
