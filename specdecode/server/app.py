@@ -588,6 +588,7 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4:
         raise bad_request("at most 4 stop sequences are allowed", "stop", "invalid_value")
+    stops, kept = tuple(x for x in stop if x), bool(req.include_stop_str_in_output)
     spec = req.speculation or s.SpeculationOptions()
     drafter = spec.drafter or service.scheduler.router.default
     if drafter not in service.drafters:
@@ -609,8 +610,8 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
                                   logit_bias=bias)
         generation = GenerationConfig(max_new_tokens=1 if prompt_only else max_tokens or min(
                                           service.config.default_max_tokens, room),
-                                      stop_on_eos=not req.ignore_eos, stop_strings=tuple(x for x in stop if x),
-                                      stop_after=shape.tools.stop_after,
+                                      stop_on_eos=not req.ignore_eos, stop_strings=() if kept else stops,
+                                      stop_after=shape.tools.stop_after + (stops if kept else ()),
                                       structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt,
                                       prompt_logprobs=shape.logprobs if echo else None)
     except ConfigError as error:

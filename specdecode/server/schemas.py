@@ -22,9 +22,9 @@ Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_b
 and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K, "trace": true}` chooses the drafter ("none" disables
 speculation), sets the request's draft length and, in a stream, traces each token's origin (SpeculationTrace);
-`top_k`, `ignore_eos` and `cache_salt` (as in vLLM: kept prompt KV serves only requests with the same salt); and
-`usage.tau` (+ target passes, acceptance rate, drafter, grammar-forced tokens) and OpenAI's
-`usage.prompt_tokens_details.cached_tokens` in responses.
+`top_k`, `ignore_eos`, `include_stop_str_in_output` and `cache_salt` (as in vLLM: kept prompt KV serves only
+requests with the same salt); and `usage.tau` (+ target passes, acceptance rate, drafter, grammar-forced tokens)
+and OpenAI's `usage.prompt_tokens_details.cached_tokens` in responses.
 """
 from __future__ import annotations
 
@@ -132,12 +132,11 @@ class _Sampling(_Request):
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI's) -> bias in [-100, 100]
     min_p: float | None = Field(default=None, ge=0, le=1)  # extension (as in vLLM)
     repetition_penalty: float | None = Field(default=None, ge=REPETITION_PENALTY[0], le=REPETITION_PENALTY[1])
+    include_stop_str_in_output: bool | None = False  # extension (as in vLLM): the stop string ends the text, kept
     # vLLM sampling extensions, accepted only at their neutral value:
     min_tokens: Any = None
     stop_token_ids: Any = None
-    include_stop_str_in_output: Any = None
-    NEUTRAL: ClassVar[dict[str, tuple]] = {"min_tokens": (0,), "stop_token_ids": ([],),
-                                           "include_stop_str_in_output": (False,)}
+    NEUTRAL: ClassVar[dict[str, tuple]] = {"min_tokens": (0,), "stop_token_ids": ([],)}
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token id, bias) pairs. A key is a token id in ASCII decimal digits, at most 10 of them:

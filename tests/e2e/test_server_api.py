@@ -124,6 +124,9 @@ def test_completion_stream_and_stop_string(tiny_target, client):
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks) == expected.text
     assert chunks[-1].choices[0].finish_reason == "stop"
+    kept = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True})  # vLLM's: the stop string kept
+    assert kept.choices[0].text == expected.text + stop and kept.choices[0].finish_reason == "stop"
 
 
 def test_seeded_sampling_is_reproducible(client):
