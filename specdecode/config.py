@@ -190,6 +190,7 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = field(default_factory=tuple)
     # strings that end the output and stay in it (the end of a tool call, where a reply may make only one)
     stop_after: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the output like EOS (kept), stop_on_eos or not
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
     structure: Structure | None = None  # what the output must match (structured outputs); None: free text
     logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
@@ -210,6 +211,9 @@ class GenerationConfig:
             raise ConfigError("stop strings are matched on text: they need detokenize=True")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        if not isinstance(self.stop_token_ids, tuple) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be a tuple of token ids, got {self.stop_token_ids!r:.80}")
         for name in ("stop_strings", "stop_after"):
             if not all(isinstance(s, str) and s for s in getattr(self, name)):  # "" would be dropped, not matched
                 raise ConfigError(f"{name} must be non-empty strings, got {getattr(self, name)!r}")

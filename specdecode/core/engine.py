@@ -456,12 +456,13 @@ class Engine:
         return Committed(tokens, text, len(verdict.accepted) - own, logprobs, origins=origins)
 
     def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
-        """Cut the committed tokens at the first EOS (kept, like transformers) or at the length budget."""
-        if seq.generation.stop_on_eos:
-            for i, token in enumerate(tokens):
-                if token in self.target.eos_ids:
-                    tokens, seq.finish_reason = tokens[: i + 1], "eos"
-                    break
+        """Cut the committed tokens at the first EOS or stop token (kept, like transformers) or at the length
+        budget."""
+        ends = set(seq.generation.stop_token_ids) | (self.target.eos_ids if seq.generation.stop_on_eos else set())
+        for i, token in enumerate(tokens):
+            if token in ends:
+                tokens, seq.finish_reason = tokens[: i + 1], "eos"
+                break
         remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
         if len(tokens) >= remaining:
             if len(tokens) > remaining or seq.finish_reason is None:

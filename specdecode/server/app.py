@@ -589,6 +589,9 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     if len(stop) > 4:
         raise bad_request("at most 4 stop sequences are allowed", "stop", "invalid_value")
     stops, kept = tuple(x for x in stop if x), bool(req.include_stop_str_in_output)
+    vocab = service.target.vocab_size
+    if any(not 0 <= token < vocab for token in req.stop_token_ids or ()):
+        raise bad_request(f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids", "invalid_value")
     spec = req.speculation or s.SpeculationOptions()
     drafter = spec.drafter or service.scheduler.router.default
     if drafter not in service.drafters:
@@ -612,6 +615,7 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
                                           service.config.default_max_tokens, room),
                                       stop_on_eos=not req.ignore_eos, stop_strings=() if kept else stops,
                                       stop_after=shape.tools.stop_after + (stops if kept else ()),
+                                      stop_token_ids=tuple(req.stop_token_ids or ()),
                                       structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt,
                                       prompt_logprobs=shape.logprobs if echo else None)
     except ConfigError as error:

@@ -129,6 +129,19 @@ def test_completion_stream_and_stop_string(tiny_target, client):
     assert kept.choices[0].text == expected.text + stop and kept.choices[0].finish_reason == "stop"
 
 
+def test_stop_token_ids_end_the_text_like_eos(tiny_target, client):
+    """vLLM's stop_token_ids: the first of them ends the text, kept (as EOS is), whatever ignore_eos says; speculation
+    on, the tokens are plain greedy decoding's up to there."""
+    ids = tiny_target.tokenizer("Once upon a time")["input_ids"]
+    full = reference(tiny_target, ids, 24, stop_on_eos=False).token_ids
+    at = 10
+    ended = client.completions.create(model=MODEL, prompt=ids, max_tokens=24, temperature=0,
+                                      extra_body={"stop_token_ids": [full[at]], "ignore_eos": True})
+    first = full.index(full[at])
+    assert ended.usage.completion_tokens == first + 1 and ended.choices[0].finish_reason == "stop"
+    assert ended.choices[0].text == tiny_target.tokenizer.decode(full[: first + 1], skip_special_tokens=True)
+
+
 def test_seeded_sampling_is_reproducible(client):
     kwargs = dict(model=MODEL, prompt="Dear Sir or Madam,", max_tokens=16, temperature=0.9, top_p=0.9, seed=11)
     first, second = (client.completions.create(**kwargs).choices[0].text for _ in range(2))

@@ -64,6 +64,9 @@ def test_load_refuses_a_model_that_is_not_a_path():
     (lambda: GenerationConfig(max_new_tokens=2.5), "max_new_tokens must be an integer"),
     (lambda: GenerationConfig(stop_strings="ab"), "stop_strings must be a tuple of strings"),  # was 'a' or 'b'
     (lambda: GenerationConfig(stop_strings=("",)), "stop_strings must be non-empty strings"),  # was dropped
+    (lambda: GenerationConfig(stop_after=("",)), "stop_after must be non-empty strings"),
+    (lambda: GenerationConfig(stop_token_ids=[5]), "stop_token_ids must be a tuple of token ids"),
+    (lambda: GenerationConfig(stop_token_ids=(-1,)), "stop_token_ids must be a tuple of token ids"),
     (lambda: GenerationConfig(stop_on_eos="no"), "stop_on_eos must be True or False"),
 ])
 def test_configs_refuse_wrong_types(config, needle):
