@@ -273,9 +273,18 @@ def _bare_call(text: str, names: frozenset[str]) -> Call | None:
 
 
 def _call(body: str) -> Call | None:
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
+    """The call `body` writes: {"name": str, "arguments": object or its JSON text}. Qwen2.5's template shows the
+    format as `{{"name": ..., "arguments": ...}}` (its braces doubled inside a Jinja string), and its models may
+    write calls so, or double the first brace only: such a body is read without the extra braces."""
+    body = body.strip()
+    undoubled = [body[1:-1], body[1:]] if body.startswith("{{") else []
+    for text in (body, *undoubled):
+        try:
+            value = json.loads(text)
+            break
+        except json.JSONDecodeError:
+            continue
+    else:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None

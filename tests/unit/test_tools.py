@@ -56,6 +56,11 @@ READS = [  # reply text -> (content, [(name, arguments)])
     ('{"name": "add", "arguments": {}} and then', ('{"name": "add", "arguments": {}} and then', [])),
     ('```json\n{"a": 1}\n```', ('```json\n{"a": 1}\n```', [])),
     ("```python\nprint(1)\n```", ("```python\nprint(1)\n```", [])),
+    # Qwen2.5's template shows the call's braces doubled, and its models may write them so
+    ('{{"name": "add", "arguments": {"a": 1}}}', (None, [("add", '{"a": 1}')])),
+    ('<tool_call>\n{{"name": "add", "arguments": {}}}\n</tool_call>', (None, [("add", "{}")])),
+    ('{{"name": "add", "arguments": {"a": 1}}', (None, [("add", '{"a": 1}')])),  # the first brace doubled only
+    ('{{"name": "add", "arguments": {"a": 1}', ('{{"name": "add", "arguments": {"a": 1}', [])),
     ("`x` is {1}", ("`x` is {1}", [])),
 ]
 
