@@ -498,9 +498,22 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest, tools: ToolUse)
         messages = template_messages(req.messages, developer)
     except ToolError as error:
         raise bad_request(str(error), error.param, "invalid_value") from None
+    own = sorted(set(req.chat_template_kwargs or {}) & s.ChatCompletionRequest.TEMPLATE_OWN)
+    if own:
+        raise bad_request(f"chat_template_kwargs may not set {own[0]!r}: the request's own fields do",
+                          f"chat_template_kwargs.{own[0]}", "invalid_value")
+    if req.continue_final_message:
+        if req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+            raise bad_request("continue_final_message and add_generation_prompt cannot both be true",
+                              "continue_final_message", "invalid_value")
+        if req.messages[-1].role != "assistant" or not req.messages[-1].text():
+            raise bad_request("continue_final_message continues the last message: it must be an assistant's, with "
+                              "content", "continue_final_message", "invalid_value")
     try:
-        encoded = tokenizer.apply_chat_template(messages, tools=tools.tools, add_generation_prompt=True,
-                                                tokenize=True)
+        encoded = tokenizer.apply_chat_template(
+            messages, tools=tools.tools, tokenize=True, continue_final_message=bool(req.continue_final_message),
+            add_generation_prompt=bool(req.add_generation_prompt) and not req.continue_final_message,
+            **(req.chat_template_kwargs or {}))
     except Exception as error:  # noqa: BLE001 - a template may reject a conversation (e.g. role order)
         raise bad_request(f"the chat template rejected the messages: {error}", "messages", "invalid_value") from None
     ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded

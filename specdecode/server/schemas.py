@@ -294,15 +294,19 @@ class ChatCompletionRequest(_Sampling):
     verbosity: Any = None
     web_search_options: Any = None
     # vLLM chat extensions
-    chat_template: Any = None
-    chat_template_kwargs: Any = None
-    add_generation_prompt: Any = None
-    continue_final_message: Any = None
+    chat_template: Any = None  # a client's own template: not run here (code of the client's on the server)
+    chat_template_kwargs: dict[str, Any] | None = None  # further variables the model's template reads
+    add_generation_prompt: bool | None = True  # false: the template does not open the assistant's turn
+    continue_final_message: bool | None = False  # the reply continues the last (assistant) message
     NEUTRAL: ClassVar[dict[str, tuple]] = {
         **_Sampling.NEUTRAL, "functions": ([],), "function_call": ("none", "auto"), "audio": (),
         "modalities": (["text"],), "reasoning_effort": (), "verbosity": (), "web_search_options": (),
-        "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
-        "continue_final_message": (False,)}
+        "chat_template": ()}
+    # what apply_chat_template takes from the server itself: never from chat_template_kwargs
+    TEMPLATE_OWN: ClassVar[frozenset[str]] = frozenset({
+        "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+        "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+        "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()

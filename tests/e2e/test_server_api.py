@@ -12,10 +12,12 @@ import pytest
 
 from specdecode.config import DrafterConfig
 from specdecode.core.drafting import Draft
+from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
 from specdecode.server.policy import CostTable, SpecPolicy
 from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, serving, tiny_service, wait_idle
+from tests.tiny import CHAT_TEMPLATE, byte_tokenizer
 
 
 class Exploding(BaseDrafter):
@@ -140,6 +142,48 @@ def test_stop_token_ids_end_the_text_like_eos(tiny_target, client):
     first = full.index(full[at])
     assert ended.usage.completion_tokens == first + 1 and ended.choices[0].finish_reason == "stop"
     assert ended.choices[0].text == tiny_target.tokenizer.decode(full[: first + 1], skip_special_tokens=True)
+
+
+def test_chat_template_options(tiny_model):
+    """vLLM's: continue_final_message continues the last assistant message (the reply is plain greedy decoding of
+    the template's open-ended prompt), add_generation_prompt false leaves the turn unopened, chat_template_kwargs
+    reach the template; a kwarg the request's own fields set, or a final message that is not an assistant's, is a
+    400."""
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = "{% if persona %}<|persona|>{{ persona }}\n{% endif %}" + CHAT_TEMPLATE
+    target = Target(tiny_model, tokenizer)
+    opened = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+
+    def ids(messages, **options) -> list[int]:
+        encoded = tokenizer.apply_chat_template(messages, tokenize=True, **options)
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    with serving(tiny_service(target)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def ask(messages, **extra):
+            return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                                  extra_body=extra)
+
+        prompt = ids(opened, continue_final_message=True)
+        assert tokenizer.decode(prompt).endswith("The colour is")
+        reply = ask(opened, continue_final_message=True)
+        assert reply.usage.prompt_tokens == len(prompt)
+        assert reply.choices[0].message.content == reference(target, prompt, 12).text
+        assert ask(opened[:1], add_generation_prompt=False).usage.prompt_tokens == len(ids(opened[:1]))
+        assert ask(opened[:1], chat_template_kwargs={"persona": "a pirate"}).usage.prompt_tokens == len(
+            ids(opened[:1], add_generation_prompt=True, persona="a pirate"))
+        for extra, param in [({"continue_final_message": True}, "continue_final_message"),
+                             ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
+                             ({"chat_template_kwargs": {"add_generation_prompt": False}},
+                              "chat_template_kwargs.add_generation_prompt")]:
+            answer = httpx.post(server.url + "/v1/chat/completions",
+                                json={"model": MODEL, "messages": opened[:1], "max_tokens": 2, **extra})
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+        both = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": MODEL, "messages": opened, "max_tokens": 2, "continue_final_message": True,
+            "add_generation_prompt": True})
+        assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
 
 
 def test_seeded_sampling_is_reproducible(client):
