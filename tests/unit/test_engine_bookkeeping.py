@@ -78,29 +78,26 @@ def test_eos_cuts_the_step_where_it_appears(target, at):
     assert result.metrics.new_tokens == at + 1
 
 
-@pytest.mark.parametrize("pieces", [["hello ", "ST", "O", "P world"], ["hello S", "TOP"], ["hello STOP"],
-                                    list("hello STOP world")])
-def test_stop_string_is_cut_whatever_the_token_boundaries(pieces):
-    tokenizer = byte_tokenizer()
-    text = StopText(tokenizer, ("STOP",))
+def pushed(text: StopText, tokenizer, pieces: list[str]) -> tuple[str, bool]:
+    """The text StopText lets out for `pieces` pushed one by one, and whether it stopped."""
     out, stopped = "", False
     for i, piece in enumerate(pieces):
         delta, stopped = text.push(tokenizer(piece)["input_ids"], final=i == len(pieces) - 1)
         out += delta
         if stopped:
             break
-    assert stopped and out == "hello "
+    return out, stopped
+
+
+@pytest.mark.parametrize("pieces", [["hello ", "ST", "O", "P world"], ["hello S", "TOP"], ["hello STOP"],
+                                    list("hello STOP world")])
+def test_stop_string_is_cut_whatever_the_token_boundaries(pieces):
+    tokenizer = byte_tokenizer()
+    assert pushed(StopText(tokenizer, ("STOP",)), tokenizer, pieces) == ("hello ", True)
 
 
 @pytest.mark.parametrize("pieces", [["one</end> two"], ["one</e", "nd> two"], list("one</end> two")])
 def test_a_kept_stop_string_ends_the_text_and_stays_in_it(pieces):
     """stop_after (the end of a tool call when a reply may make one): cut after the string, whatever the tokens."""
     tokenizer = byte_tokenizer()
-    text = StopText(tokenizer, ("STOP",), after=("</end>",))
-    out, stopped = "", False
-    for i, piece in enumerate(pieces):
-        delta, stopped = text.push(tokenizer(piece)["input_ids"], final=i == len(pieces) - 1)
-        out += delta
-        if stopped:
-            break
-    assert stopped and out == "one</end>"
+    assert pushed(StopText(tokenizer, ("STOP",), after=("</end>",)), tokenizer, pieces) == ("one</end>", True)
