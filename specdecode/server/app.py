@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -53,6 +54,7 @@ from specdecode.server.scheduler import (
 from specdecode.server.tools import ToolError, ToolFormat, ToolUse, template_messages, tool_format, tool_use
 
 log = logging.getLogger(__name__)
+_Body = TypeVar("_Body", bound=s.ModelRequest)
 RETRY_AFTER_S = 1  # a full queue drains in about one request's time: clients should come back soon, not at once
 # headers an error of this status carries (RFC 6750 asks a 401 for a bearer token to name the scheme)
 _ERROR_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": str(RETRY_AFTER_S)}}
@@ -186,6 +188,14 @@ def create_app(service: Service) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await _counted(service, "chat_completions", _handle(service, request, chat=True))
 
+    @app.post("/tokenize", dependencies=v1, openapi_extra=_json_body(s.TokenizeRequest))
+    async def tokenize(request: Request) -> Response:
+        return await _counted(service, "tokenize", _tokenize(service, request))
+
+    @app.post("/detokenize", dependencies=v1, openapi_extra=_json_body(s.DetokenizeRequest))
+    async def detokenize(request: Request) -> Response:
+        return await _counted(service, "detokenize", _detokenize(service, request))
+
     @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
@@ -251,6 +261,8 @@ def _openapi(app: FastAPI, service: Service) -> dict:
                 statuses = dict(_ERRORS.get(method, {}))
                 if method == "get" and "{" not in path:
                     statuses.pop(404)
+                if path in ("/tokenize", "/detokenize"):  # no queue
+                    statuses.pop(429)
                 if service.config.api_key is None:
                     statuses.pop(401)
                 for status, what in statuses.items():
@@ -263,8 +275,8 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     """The request models' JSON schemas, narrowed to what this server accepts (anything else is a 4xx): its model
     name and drafters, max_tokens within the context, at most 4 stop strings, unimplemented fields only at their
     neutral values. Schema-driven clients and fuzzers then know which requests decode."""
-    _, defs = models_json_schema([(s.CompletionRequest, "validation"), (s.ChatCompletionRequest, "validation")],
-                                 ref_template="#/components/schemas/{model}")
+    bodies = (s.CompletionRequest, s.ChatCompletionRequest, s.TokenizeRequest, s.DetokenizeRequest)
+    _, defs = models_json_schema([(body, "validation") for body in bodies], ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
     for model in (s.CompletionRequest, s.ChatCompletionRequest, s.ChatMessage):
         properties = schemas[model.__name__]["properties"]
@@ -272,9 +284,10 @@ def _request_schemas(service: Service) -> dict[str, dict]:
             properties[name] = {"enum": [None, *values]}
     tokens = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": service.target.max_positions - 1},
                         {"type": "null"}]}
+    for model in bodies:
+        schemas[model.__name__]["properties"]["model"] = {"type": "string", "enum": [service.config.model_name]}
     for model in (s.CompletionRequest, s.ChatCompletionRequest):
         properties = schemas[model.__name__]["properties"]
-        properties["model"] = {"type": "string", "enum": [service.config.model_name]}
         properties["stop"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                               "maxItems": 4}, {"type": "null"}]}
         for name in ("max_tokens", "max_completion_tokens"):
@@ -287,9 +300,12 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size,
                                                                     service.config.max_queue)
     if service.tool_format is None:  # a template that shows no calling format: tools are a 400
-        schemas["ChatCompletionRequest"]["properties"].update(tools={"enum": [None, []]},
-                                                              tool_choice={"enum": [None, "none", "auto"]})
-        schemas["ChatMessage"]["properties"]["tool_calls"] = {"enum": [None, []]}
+        schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"enum": [None, "none", "auto"]}
+        for name, field in (("ChatCompletionRequest", "tools"), ("TokenizeRequest", "tools"),
+                            ("ChatMessage", "tool_calls")):
+            schemas[name]["properties"][field] = {"enum": [None, []]}
+    schemas["DetokenizeRequest"]["properties"]["tokens"] = {
+        "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": service.target.vocab_size - 1}}
     message = schemas["ChatMessage"]  # content may be null or left out only in an assistant message: not told here
     message["required"] = [*message.get("required", []), "content"]
     content = message["properties"]["content"]
@@ -320,24 +336,29 @@ async def _counted(service: Service, endpoint: str, work) -> Response:
 
 
 # -- one request -------------------------------------------------------------------------------------------------
-async def _handle(service: Service, request: Request, chat: bool) -> Response:
+async def _body(service: Service, request: Request, schema: type[_Body]) -> _Body:
+    """The request's JSON body as `schema`, for this server's model: else a 4xx naming what is wrong."""
     _require_json(request)
     body = await _read_body(request, service.config.max_body_bytes, service.config.body_timeout_s)
-    schema = s.ChatCompletionRequest if chat else s.CompletionRequest
     try:
         req = schema.model_validate_json(body)
     except ValidationError as error:
         raise from_validation(error) from None
     for param, message in req.unsupported():
         raise bad_request(message, param, "unsupported")
-    trace = bool(req.speculation and req.speculation.trace)
-    if trace and not req.stream:
-        raise bad_request("speculation.trace needs \"stream\": true (the trace rides on the stream's chunks)",
-                          "speculation.trace", "invalid_value")
     if req.model != service.config.model_name:
         raise APIError(404, f"model {shown(req.model)} does not exist; this server serves "
                             f"{service.config.model_name!r}",
                        param="model", code="model_not_found")
+    return req
+
+
+async def _handle(service: Service, request: Request, chat: bool) -> Response:
+    req = await _body(service, request, s.ChatCompletionRequest if chat else s.CompletionRequest)
+    trace = bool(req.speculation and req.speculation.trace)
+    if trace and not req.stream:
+        raise bad_request("speculation.trace needs \"stream\": true (the trace rides on the stream's chunks)",
+                          "speculation.trace", "invalid_value")
     shape = await asyncio.to_thread(_output_shape, service, req)  # compiling a grammar must not stall the streams
     prompts = await asyncio.to_thread(_encode, service, req, shape.tools)  # a long prompt must not stall the streams
     n = req.n or 1
@@ -363,6 +384,42 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
         watcher.cancel()
         for ticket in tickets:
             ticket.cancel()
+
+
+async def _tokenize(service: Service, request: Request) -> Response:
+    """vLLM's /tokenize: the tokens a prompt or a conversation is to the completion endpoints."""
+    req = await _body(service, request, s.TokenizeRequest)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("send a prompt or messages (one of them)", "prompt" if req.prompt is None else "messages",
+                          "invalid_value")
+    if req.messages is None:
+        with service.tokenizer_lock:
+            ids = service.target.tokenizer(req.prompt, add_special_tokens=bool(req.add_special_tokens))["input_ids"]
+    else:
+        chat = req.chat()
+        try:
+            tools = tool_use(chat, service.tool_format, service.added_tokens)
+        except ToolError as error:
+            raise bad_request(str(error), error.param, "invalid_value") from None
+        (ids,) = await asyncio.to_thread(_encode, service, chat, tools)
+    strs = None
+    if req.return_token_strs:
+        with service.tokenizer_lock:
+            strs = service.target.tokenizer.convert_ids_to_tokens(list(ids))
+    reply = s.TokenizeResponse(count=len(ids), max_model_len=service.target.max_positions, tokens=list(ids),
+                               token_strs=strs)
+    return JSONResponse(reply.model_dump(exclude_none=True))
+
+
+async def _detokenize(service: Service, request: Request) -> Response:
+    """vLLM's /detokenize: token ids back to text, as the completion endpoints decode them."""
+    req = await _body(service, request, s.DetokenizeRequest)
+    vocab = service.target.vocab_size
+    if any(not 0 <= token < vocab for token in req.tokens):
+        raise bad_request(f"tokens must be token ids in [0, {vocab})", "tokens", "invalid_value")
+    with service.tokenizer_lock:
+        text = service.target.tokenizer.decode(req.tokens)
+    return JSONResponse(s.DetokenizeResponse(prompt=text).model_dump())
 
 
 def _choices(jobs: list[Job], echoes: list[str], n: int, loop: asyncio.AbstractEventLoop) -> list[Choice]:

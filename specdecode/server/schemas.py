@@ -41,7 +41,9 @@ TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 MAX_CHOICES = 128  # OpenAI's bound on n; a request's choices (prompts x n) are also bounded by the server's queue
 
 
-class _Request(BaseModel):
+class RequestBody(BaseModel):
+    """A request body, or a part of one, checked strictly."""
+
     model_config = ConfigDict(extra="ignore", strict=True)
 
     # field -> the values that mean "not used", for fields this server does not implement (declared as `Any`)
@@ -61,12 +63,18 @@ class _Request(BaseModel):
                 if getattr(self, name) is not None and not any(_same(getattr(self, name), v) for v in neutral)]
 
 
+class ModelRequest(RequestBody):
+    """A body that names the model it is for."""
+
+    model: str
+
+
 def _same(value: Any, neutral: Any) -> bool:
     """Equal and of the same kind (true is not 1 here)."""
     return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
 
 
-class SpeculationOptions(_Request):
+class SpeculationOptions(RequestBody):
     """Extension: per-request drafter choice and draft length cap (k = 0 or drafter "none": no speculation); trace
     (streams only) adds a `speculation` field to each chunk that carries tokens: each token's origin."""
 
@@ -75,25 +83,25 @@ class SpeculationOptions(_Request):
     trace: bool | None = None
 
 
-class StreamOptions(_Request):
+class StreamOptions(RequestBody):
     include_usage: bool | None = None
 
 
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(RequestBody):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
+class ResponseFormat(RequestBody):
     """OpenAI's response_format: text, json_object, or json_schema with its schema."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Request):
+class StructuredOutputs(RequestBody):
     """vLLM's structured_outputs extension: exactly one of these."""
 
     json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
@@ -103,10 +111,9 @@ class StructuredOutputs(_Request):
     json_object: bool | None = None
 
 
-class _Sampling(_Request):
+class _Sampling(ModelRequest):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model: str
     max_tokens: int | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -223,17 +230,17 @@ class CompletionRequest(_Sampling):
         return self.logprobs
 
 
-class TextPart(_Request):
+class TextPart(RequestBody):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Request):
+class FunctionCall(RequestBody):
     name: str = Field(pattern=TOOL_NAME)
     arguments: str  # JSON text of an object, as OpenAI writes it
 
 
-class ToolCall(_Request):
+class ToolCall(RequestBody):
     """A call the assistant made (in a message of the conversation, or in a reply)."""
 
     id: str | None = None
@@ -241,28 +248,28 @@ class ToolCall(_Request):
     function: FunctionCall
 
 
-class FunctionDefinition(_Request):
+class FunctionDefinition(RequestBody):
     name: str = Field(pattern=TOOL_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; none: no arguments
     strict: bool | None = None  # calls forced by tool_choice always match the schema; "auto" calls are the model's
 
 
-class Tool(_Request):
+class Tool(RequestBody):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Request):
+class NamedFunction(RequestBody):
     name: str
 
 
-class NamedToolChoice(_Request):
+class NamedToolChoice(RequestBody):
     type: Literal["function"]
     function: NamedFunction
 
 
-class ChatMessage(_Request):
+class ChatMessage(RequestBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # null only for an assistant message (see the app)
     tool_calls: list[ToolCall] | None = None  # an assistant message's calls
@@ -320,7 +327,44 @@ class ChatCompletionRequest(_Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
+class TokenizeRequest(ModelRequest):
+    """vLLM's /tokenize: a prompt, or chat messages through the model's template (with its options and tools), as
+    the completion endpoints would encode them."""
+
+    prompt: str | None = None
+    add_special_tokens: bool | None = True  # a prompt's (as completions add them)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False
+
+    def chat(self) -> ChatCompletionRequest:
+        """The messages as a chat request would carry them."""
+        fields = {"model", "messages", "tools", "add_generation_prompt", "continue_final_message",
+                  "chat_template_kwargs"} & self.model_fields_set
+        return ChatCompletionRequest.model_validate({name: getattr(self, name) for name in fields})
+
+
+class DetokenizeRequest(ModelRequest):
+    """vLLM's /detokenize: token ids back to text."""
+
+    tokens: list[int]
+
+
 # -- responses ----------------------------------------------------------------------------------------------------
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 class PromptTokensDetails(BaseModel):
     """OpenAI's prompt_tokens_details: prompt tokens whose KV was already cached (not prefilled again)."""
 

@@ -186,6 +186,36 @@ def test_chat_template_options(tiny_model):
         assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
 
 
+def test_tokenize_and_detokenize(server, tiny_target):
+    """vLLM's /tokenize gives the tokens the completion endpoints would decode from (a prompt with its special
+    tokens, or a conversation through the template) and /detokenize their text; bad input is a 400 naming it."""
+    tokenizer = tiny_target.tokenizer
+    messages = [{"role": "user", "content": "Hi there"}]
+
+    def post(path: str, **body):
+        return httpx.post(server.url + path, json={"model": MODEL, **body})
+
+    text = post("/tokenize", prompt="Hello", return_token_strs=True).json()
+    assert text["tokens"] == tokenizer("Hello")["input_ids"] and text["count"] == len(text["tokens"])
+    assert text["max_model_len"] == tiny_target.max_positions and "".join(text["token_strs"]) == "Hello"
+    assert post("/tokenize", prompt="Hello", add_special_tokens=False).json()["tokens"] == tokenizer(
+        "Hello", add_special_tokens=False)["input_ids"]
+    chat = post("/tokenize", messages=messages).json()
+    assert chat["tokens"] == chat_ids(tokenizer, "Hi there") and "token_strs" not in chat
+    reply = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                                 "max_tokens": 1}).json()
+    assert reply["usage"]["prompt_tokens"] == chat["count"]
+    assert post("/detokenize", tokens=text["tokens"]).json() == {"prompt": tokenizer.decode(text["tokens"])}
+    for path, body, param in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "a", "messages": messages},
+                                                            "messages"),
+                              ("/tokenize", {"messages": messages, "tools": [{"type": "function", "function": {
+                                  "name": "f"}}]}, "tools"),
+                              ("/detokenize", {"tokens": [10**6]}, "tokens"), ("/detokenize", {}, "tokens")]:
+        answer = post(path, **body)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (path, answer.text)
+    assert httpx.post(server.url + "/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404
+
+
 def test_seeded_sampling_is_reproducible(client):
     kwargs = dict(model=MODEL, prompt="Dear Sir or Madam,", max_tokens=16, temperature=0.9, top_p=0.9, seed=11)
     first, second = (client.completions.create(**kwargs).choices[0].text for _ in range(2))

@@ -228,6 +228,8 @@ def test_json_with_parameters_is_accepted(server):
     ("POST", "/v1/completions", {"Authorization": "Bearer wrong"}),
     ("POST", "/v1/chat/completions", {"Authorization": f"Basic {API_KEY}"}),
     ("POST", "/v1/completions", {"Authorization": API_KEY}),
+    ("POST", "/tokenize", {}),
+    ("POST", "/detokenize", {"Authorization": "Bearer wrong"}),
 ])
 def test_api_key_refuses_requests_without_it(keyed_server, method, path, headers):
     body = {"model": MODEL, "prompt": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}

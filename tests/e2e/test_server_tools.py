@@ -118,6 +118,8 @@ def test_auto_reads_calls_from_the_models_text_and_leaves_other_text_alone(clien
     free = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=40, temperature=0)
     assert free.choices[0].message.tool_calls is None
     assert free.choices[0].message.content == plain(target, prompt_ids(target, ASK), 40)
+    assert httpx.post(str(client.base_url).replace("/v1/", "/tokenize"), json={
+        "model": MODEL, "messages": ASK, "tools": TOOLS}).json()["tokens"] == prompt_ids(target, ASK)
     none = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=8,
                                           temperature=0)
     assert none.usage.prompt_tokens == len(prompt_ids(target, ASK, None))  # "none": the tools are not shown
