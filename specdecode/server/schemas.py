@@ -426,10 +426,15 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
+class ReplyFunction(BaseModel):
+    name: str  # as the model wrote it (under "auto" it may name no tool of the request's)
+    arguments: str
+
+
 class ReplyCall(BaseModel):
     id: str
     type: Literal["function"] = "function"
-    function: FunctionCall
+    function: ReplyFunction
 
 
 class AssistantMessage(BaseModel):

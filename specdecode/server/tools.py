@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from specdecode.config import Structure
@@ -73,7 +74,7 @@ class ToolUse:
     stop_after: tuple[str, ...] = ()
 
 
-def tool_use(req: s.ChatCompletionRequest, fmt: ToolFormat | None, added: set[str]) -> ToolUse:
+def tool_use(req: s.ChatCompletionRequest, fmt: ToolFormat | None, added: Collection[str]) -> ToolUse:
     """Check a chat request's tools against each other and the template's format. added: the tokenizer's added
     tokens (a marker that is one of them is written as that token in grammars)."""
     tools, choice = req.tools or [], req.tool_choice
@@ -104,7 +105,7 @@ def tool_use(req: s.ChatCompletionRequest, fmt: ToolFormat | None, added: set[st
     return ToolUse(shown, reading, Structure.grammar(forced_calls(fmt, tools, one, added)))
 
 
-def forced_calls(fmt: ToolFormat, tools: list[s.Tool], one: bool, added: set[str]) -> str:
+def forced_calls(fmt: ToolFormat, tools: list[s.Tool], one: bool, added: Collection[str]) -> str:
     """A Lark grammar (llguidance's, with `%json` for each tool's arguments) of one call of one of `tools`, or of
     one or more calls, in the format's layout (json.dumps's separators, as the template writes calls)."""
     def literal(text: str) -> str:
@@ -155,8 +156,8 @@ class Call:
     arguments: str  # JSON text of an object
 
     def reply(self) -> s.ReplyCall:
-        return s.ReplyCall(id="call_" + uuid.uuid4().hex[:24], function=s.FunctionCall(name=self.name,
-                                                                                      arguments=self.arguments))
+        return s.ReplyCall(id="call_" + uuid.uuid4().hex[:24],
+                           function=s.ReplyFunction(name=self.name, arguments=self.arguments))
 
 
 class CallReader:

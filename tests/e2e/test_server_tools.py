@@ -125,6 +125,15 @@ def test_auto_reads_calls_from_the_models_text_and_leaves_other_text_alone(clien
     assert none.usage.prompt_tokens == len(prompt_ids(target, ASK, None))  # "none": the tools are not shown
 
 
+def test_a_call_of_no_offered_tool_comes_back_as_the_model_wrote_it(client):
+    """Under "auto" the model may call what was not offered, with a name OpenAI's rule would refuse in a request:
+    the reply carries it as written (the client answers it), never a 500."""
+    regex = {"regex": '<tool_call>\n\\{"name": "look up", "arguments": \\{\\}\\}\n</tool_call>'}
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=100, temperature=0,
+                                           extra_body={"structured_outputs": regex})
+    assert calls(reply.choices[0].message) == [("look up", "{}")]
+
+
 def test_parallel_tool_calls_false_ends_the_reply_after_its_first_call(client):
     regex = {"regex": (SUM + "\n" + SUM).replace("{", "\\{").replace("}", "\\}")}
     for parallel, expected in ((None, 2), (False, 1)):
