@@ -191,6 +191,9 @@ class GenerationConfig:
     # strings that end the output and stay in it (the end of a tool call, where a reply may make only one)
     stop_after: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output like EOS (kept), stop_on_eos or not
+    # tokens generated before the output may end (vLLM's min_tokens): until then EOS and stop_token_ids are masked
+    # (penalties.hold_ends) and stop strings are not looked for (StopText)
+    min_new_tokens: int = 0
     detokenize: bool = True  # text in each step's outcome; off: token ids only (the benchmark times decoding alone)
     structure: Structure | None = None  # what the output must match (structured outputs); None: free text
     logprobs: int | None = None  # per committed token, its logprob and the top-N (0: the token's alone); None: off
@@ -211,6 +214,12 @@ class GenerationConfig:
             raise ConfigError("stop strings are matched on text: they need detokenize=True")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        _check_types("generation", min_new_tokens=(self.min_new_tokens, _INT))
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ConfigError(f"min_new_tokens must be in 0..max_new_tokens ({self.max_new_tokens}), got "
+                              f"{self.min_new_tokens}")
+        if self.min_new_tokens and self.structure is not None:  # a grammar may allow only the end: nothing left
+            raise ConfigError("min_new_tokens cannot be combined with a structure")
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise ConfigError(f"stop_token_ids must be a tuple of token ids, got {self.stop_token_ids!r:.80}")

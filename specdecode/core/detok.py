@@ -45,13 +45,27 @@ class StopText:
         self.stops = tuple(s for s in stop_strings if s) + self.kept
         self.pending = ""
 
-    def push(self, tokens: list[int], final: bool) -> tuple[str, bool]:
+    def push_after(self, tokens: list[int], before: int, least: int, final: bool) -> tuple[str, bool]:
+        """push() for tokens that follow `before` generated ones: those among the first `least` (vLLM's
+        min_tokens) unsearched, pushed apart, so the text does not depend on which tokens come together."""
+        unsearched = min(len(tokens), max(0, least - before))
+        text, stopped = "", False
+        if unsearched:
+            text, _ = self.push(tokens[:unsearched], final=final and unsearched == len(tokens), look=False)
+        if unsearched < len(tokens):
+            more, stopped = self.push(tokens[unsearched:], final=final)
+            text += more
+        return text, stopped
+
+    def push(self, tokens: list[int], final: bool, look: bool = True) -> tuple[str, bool]:
+        """The text the tokens complete, less what is held back, and whether a stop string ended it. look: False
+        for tokens a stop string may not end (vLLM's min_tokens): their text is not searched, only held back."""
         if self.stream.tokenizer is None:  # token-level use (tiny test models): no text
             return "", False
         self.pending += self.stream.push(tokens)
         if final:
             self.pending += self.stream.flush()
-        found = [(self.pending.find(s), s) for s in self.stops if s in self.pending]
+        found = [(self.pending.find(s), s) for s in self.stops if s in self.pending] if look else []
         if found:
             cut, stop = min(found, key=lambda at: at[0])
             out, self.pending = self.pending[:cut + (len(stop) if stop in self.kept else 0)], ""

@@ -19,14 +19,14 @@ from specdecode.core.detok import StopText
 from specdecode.core.drafting import AuxBranch, Draft, Drafter, SequenceContext, drafts_asked
 from specdecode.core.logprobs import token_logprobs
 from specdecode.core.metrics import GenerationMetrics
-from specdecode.core.penalties import check_bias, path_tokens, penalize
+from specdecode.core.penalties import check_bias, hold_ends, path_tokens, penalize
 from specdecode.core.prefix_rows import KeptRows
 from specdecode.core.sampling import make_generator
 from specdecode.core.sequence import Committed, Origin, Result, Sequence, StepOutcome
 from specdecode.core.speculation import SpeculationLength
 from specdecode.core.structured import Grammars, Shaped, mask_logits
 from specdecode.core.target import ForwardOutput, Target
-from specdecode.core.trees import Block, build_block
+from specdecode.core.trees import Block, build_block, depths_of
 from specdecode.core.verify import Verdict, verify_rows
 from specdecode.errors import ConfigError
 
@@ -382,6 +382,10 @@ class Engine:
             if seq.ctx.sampling.penalized:  # every node scored in its own path's context (penalties.py)
                 penalize(logits[b, : 1 + len(draft)], seq.ctx.sampling, seq.ctx.tokens[: seq.prompt_len],
                          seq.output_ids, path_tokens(draft.tokens, draft.parents))
+            least = seq.generation.min_new_tokens
+            if least and len(seq.output_ids) < least:  # no end before the least-th token, at any node's depth
+                hold_ends(logits[b, : 1 + len(draft)], self._ends(seq), len(seq.output_ids),
+                          [0, *depths_of(draft.parents)], least)
             if fit is not None:  # the grammar's mask at every node: the verifier sees the constrained distribution
                 masking = time.perf_counter()
                 mask_logits(logits[b, : fit.masks.shape[0]], fit.masks)
@@ -458,7 +462,7 @@ class Engine:
     def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the committed tokens at the first EOS or stop token (kept, like transformers) or at the length
         budget."""
-        ends = set(seq.generation.stop_token_ids) | (self.target.eos_ids if seq.generation.stop_on_eos else set())
+        ends = self._ends(seq)
         for i, token in enumerate(tokens):
             if token in ends:
                 tokens, seq.finish_reason = tokens[: i + 1], "eos"
@@ -470,13 +474,19 @@ class Engine:
             tokens = tokens[:remaining]
         return tokens
 
+    def _ends(self, seq: Sequence) -> set[int]:
+        """The tokens that end this sequence's output (kept): EOS unless ignored, and its stop tokens."""
+        return set(seq.generation.stop_token_ids) | (self.target.eos_ids if seq.generation.stop_on_eos else set())
+
     def _text(self, seq: Sequence, tokens: list[int]) -> str:
         """The text the committed tokens complete; a stop string found in it finishes the sequence ("stop"; the
-        stop string and what follows are not emitted, the tokens stay committed). The one place stops end text."""
+        stop string and what follows are not emitted, the tokens stay committed). The one place stops end text.
+        No stop string is looked for in the first min_new_tokens tokens' text."""
         if seq.text is None:
             return ""
         with self.tokenizer_lock:
-            text, stopped = seq.text.push(tokens, final=seq.finished)
+            text, stopped = seq.text.push_after(tokens, seq.metrics.new_tokens - len(tokens),
+                                                seq.generation.min_new_tokens, final=seq.finished)
         if stopped:
             seq.finish_reason = "stop"
         return text

@@ -10,7 +10,9 @@ penalized distribution exactly (the verifier's p). In order, as vLLM applies the
     x = x / r if x > 0 else x * r          for t in the prompt or the generated text (repetition penalty r)
     x -= frequency * count(t);  x -= presence * (count(t) > 0)    count(t): times t was generated
 Written here rather than taken from transformers' LogitsProcessors, which see one context per row and so
-cannot score a tree's positions, each with its own path."""
+cannot score a tree's positions, each with its own path. vLLM's min_tokens depends on the position alone: a node
+at depth d picks the output's (n + d + 1)-th token, and before the least the ending tokens are masked
+(`hold_ends`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,6 +39,16 @@ def path_tokens(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]
     for token, parent in zip(tokens, parents):
         paths.append(paths[parent + 1] + [token])
     return paths
+
+
+@torch.inference_mode()  # the target's outputs are inference tensors, written in place
+def hold_ends(logits: torch.Tensor, ends: Sequence[int], produced: int, depths: Sequence[int], least: int) -> None:
+    """logits: [len(depths), vocab], position i (at depth depths[i], the root 0) picking the output's
+    (produced + depths[i] + 1)-th token; where that is within the first `least`, the `ends` are masked, in place."""
+    rows = [i for i, depth in enumerate(depths) if produced + depth < least]
+    if rows and ends:
+        index = torch.tensor(rows, device=logits.device)[:, None], torch.tensor(list(ends), device=logits.device)
+        logits[index] = float("-inf")
 
 
 @torch.inference_mode()  # the target's outputs are inference tensors, written in place

@@ -662,6 +662,14 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
     vocab = service.target.vocab_size
     if any(not 0 <= token < vocab for token in req.stop_token_ids or ()):
         raise bad_request(f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids", "invalid_value")
+    least = req.min_tokens or 0
+    if least and shape.structure is not None:  # a grammar may allow only the end before min_tokens
+        raise bad_request("min_tokens cannot be combined with a structure or a forced tool call", "min_tokens",
+                          "invalid_value")
+    most = 1 if prompt_only else max_tokens or min(service.config.default_max_tokens, room)
+    if least > most:
+        raise bad_request(f"min_tokens ({least}) is more than the tokens the request may generate ({most})",
+                          "min_tokens", "invalid_value")
     spec = req.speculation or s.SpeculationOptions()
     drafter = spec.drafter or service.scheduler.router.default
     if drafter not in service.drafters:
@@ -681,8 +689,7 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
                                   frequency_penalty=req.frequency_penalty or 0.0,
                                   repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
                                   logit_bias=bias)
-        generation = GenerationConfig(max_new_tokens=1 if prompt_only else max_tokens or min(
-                                          service.config.default_max_tokens, room),
+        generation = GenerationConfig(max_new_tokens=most, min_new_tokens=least,
                                       stop_on_eos=not req.ignore_eos, stop_strings=() if kept else stops,
                                       stop_after=shape.tools.stop_after + (stops if kept else ()),
                                       stop_token_ids=tuple(req.stop_token_ids or ()),

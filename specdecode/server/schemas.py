@@ -4,10 +4,9 @@ Validation policy for request fields, in three kinds:
 1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, echo, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (best_of, suffix, functions, audio, a message's name, ...) and the vLLM
-   sampling extensions we do not (min_tokens, ...) are accepted only at their neutral value
-   (null / false / 0 / 1 / empty); anything else is a 400 that says the field is unsupported, so a client never
-   gets silently different behaviour.
+2. OpenAI fields we do not implement (best_of, suffix, functions, audio, a message's name, ...) are accepted
+   only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the field is
+   unsupported, so a client never gets silently different behaviour.
 3. Other fields are ignored: SDKs and proxies add fields freely (and OpenAI's bookkeeping fields such as
    `metadata`, `store` or `service_tier` do not change the output), and such a field has no declared type to be
    wrong about.
@@ -22,8 +21,8 @@ Penalties: OpenAI's `presence_penalty`, `frequency_penalty` (-2..2) and `logit_b
 and vLLM's `repetition_penalty` (0.01..10) and `min_p` (0..1); speculation stays lossless with them (penalties.py).
 Extensions: `speculation: {"drafter": NAME, "k": K, "trace": true}` chooses the drafter ("none" disables
 speculation), sets the request's draft length and, in a stream, traces each token's origin (SpeculationTrace);
-`top_k`, `ignore_eos`, `include_stop_str_in_output`, `stop_token_ids` and `cache_salt` (as in vLLM: kept prompt
-KV serves only requests with the same salt); and `usage.tau` (+ target passes, acceptance rate, drafter,
+`top_k`, `ignore_eos`, `include_stop_str_in_output`, `stop_token_ids`, `min_tokens` and `cache_salt` (as in vLLM:
+kept prompt KV serves only requests with the same salt); and `usage.tau` (+ target passes, acceptance rate, drafter,
 grammar-forced tokens) and OpenAI's `usage.prompt_tokens_details.cached_tokens` in responses.
 """
 from __future__ import annotations
@@ -141,9 +140,8 @@ class _Sampling(ModelRequest):
     repetition_penalty: float | None = Field(default=None, ge=REPETITION_PENALTY[0], le=REPETITION_PENALTY[1])
     include_stop_str_in_output: bool | None = False  # extension (as in vLLM): the stop string ends the text, kept
     stop_token_ids: list[int] | None = None  # extension (as in vLLM): tokens that end the text like EOS (kept)
-    # vLLM sampling extensions, accepted only at their neutral value:
-    min_tokens: Any = None
-    NEUTRAL: ClassVar[dict[str, tuple]] = {"min_tokens": (0,)}
+    # extension (as in vLLM): tokens generated before EOS, a stop token or a stop string may end the text
+    min_tokens: int | None = Field(default=None, ge=0)
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token id, bias) pairs. A key is a token id in ASCII decimal digits, at most 10 of them:

@@ -134,6 +134,40 @@ def test_greedy_equals_plain_with_penalties(name, tiny_target, tiny_tokenizer, t
                   accepted=name in ("prompt-lookup", "suffix", "draft-model"))
 
 
+LEAST = 24  # min_new_tokens (vLLM's min_tokens) in the next test
+
+
+def _least_configs(tiny_tokenizer, references, key: str) -> tuple[GenerationConfig, GenerationConfig]:
+    """A stop token that plain decoding writes 3rd, and a stop string it writes at tokens 6-7: both would end the
+    output early; with min_new_tokens neither may before the LEAST-th token."""
+    early = references[key]
+    token = GenerationConfig(NEW_TOKENS, stop_on_eos=False, stop_token_ids=(early[2],), min_new_tokens=LEAST)
+    text = GenerationConfig(NEW_TOKENS, stop_on_eos=False, stop_strings=(tiny_tokenizer.decode(early[5:7]),),
+                            min_new_tokens=LEAST)
+    return token, text
+
+
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"])
+def test_greedy_equals_plain_with_min_tokens(name, tiny_target, tiny_tokenizer, tiny_draft_dir, references):
+    """min_new_tokens masks the ending tokens at every draft position by its depth and leaves stop strings unsearched
+    in the first tokens' text: speculative greedy output equals plain greedy output, the stop token cut (tokens
+    equal) and the stop string cut (text equal), and neither ends the output before the LEAST-th token."""
+    plain = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig("none"), SpecConfig()), SpecConfig())
+    spec = SpecConfig(k=4, pause_on_time=False)
+    engine = Engine(tiny_target, tiny_drafter(tiny_target, name, spec, tiny_draft_dir, row_cost=0.0), spec)
+    proposed = 0
+    for key, prompt in PROMPTS.items():
+        ids = tiny_tokenizer(prompt)["input_ids"]
+        by_token, by_text = _least_configs(tiny_tokenizer, references, key)
+        expected, got = plain.generate(ids, GREEDY, by_token), engine.generate(ids, GREEDY, by_token)
+        assert got.token_ids == expected.token_ids, f"{name} diverged on {key!r} (stop token)"
+        assert by_token.stop_token_ids[0] not in expected.token_ids[:LEAST - 1] and len(expected.token_ids) >= LEAST
+        expected, got = plain.generate(ids, GREEDY, by_text), engine.generate(ids, GREEDY, by_text)
+        assert got.text == expected.text and len(expected.text) >= LEAST, f"{name} diverged on {key!r} (stop string)"
+        proposed += got.metrics.proposed
+    assert proposed > 0
+
+
 def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
     """Guard against a vacuous equivalence test: both acceptance and rejection must occur."""
     spec = SpecConfig(k=4, pause_on_time=False)  # acceptance is asserted: K must not depend on the machine's timing

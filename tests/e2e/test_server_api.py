@@ -142,6 +142,15 @@ def test_stop_token_ids_end_the_text_like_eos(tiny_target, client):
     first = full.index(full[at])
     assert ended.usage.completion_tokens == first + 1 and ended.choices[0].finish_reason == "stop"
     assert ended.choices[0].text == tiny_target.tokenizer.decode(full[: first + 1], skip_special_tokens=True)
+    # vLLM's min_tokens: no end before it; speculation on or off (k 0), the same text
+    held = [client.completions.create(model=MODEL, prompt=ids, max_tokens=24, temperature=0, extra_body={
+        "stop_token_ids": [full[at]], "min_tokens": first + 2, "speculation": {"k": k}}) for k in (None, 0)]
+    assert held[0].choices[0].text == held[1].choices[0].text
+    assert held[0].usage.completion_tokens >= first + 2
+    for extra in ({"min_tokens": 25}, {"min_tokens": 2, "structured_outputs": {"regex": "[a-z]+"}}):
+        answer = httpx.post(f"{client.base_url}completions", json={"model": MODEL, "prompt": "x", "max_tokens": 24,
+                                                                   **extra})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "min_tokens", answer.text
 
 
 def test_chat_template_options(tiny_model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdecode import SpecDecoder
-from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig, Structure
 from specdecode.errors import ConfigError, ModelError
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 
@@ -67,6 +67,8 @@ def test_load_refuses_a_model_that_is_not_a_path():
     (lambda: GenerationConfig(stop_after=("",)), "stop_after must be non-empty strings"),
     (lambda: GenerationConfig(stop_token_ids=[5]), "stop_token_ids must be a tuple of token ids"),
     (lambda: GenerationConfig(stop_token_ids=(-1,)), "stop_token_ids must be a tuple of token ids"),
+    (lambda: GenerationConfig(max_new_tokens=4, min_new_tokens=5), "min_new_tokens must be in 0..max_new_tokens"),
+    (lambda: GenerationConfig(min_new_tokens=2, structure=Structure.regex("a+")), "cannot be combined"),
     (lambda: GenerationConfig(stop_on_eos="no"), "stop_on_eos must be True or False"),
 ])
 def test_configs_refuse_wrong_types(config, needle):

@@ -44,6 +44,27 @@ def test_metrics_count_exactly(target):
     assert m.acceptance_by_position == [1.0, 1.0, 0.0]
 
 
+def test_min_tokens_masks_each_draft_position_by_its_depth(target):
+    """An all-right Oracle drafts plain decoding's own tokens K = 3 deep, so steps cross the min_new_tokens boundary
+    at every depth. A stop token that plain decoding first writes past the boundary ends the output there (a draft
+    position past the boundary is not masked); one it writes before does not (a deeper position before it is):
+    each exactly as plain decoding with the same settings."""
+    truth = plain(target, 40)
+    plain_engine = Engine(target, NONE_SPEC.build(target, None, SPEC), SPEC)
+    for least in range(4, 12):
+        past = next(j for j in range(least, 40) if truth[j] not in truth[:j])  # count j + 1 > least: allowed
+        before = [i for i in range(1, least) if truth[i] not in truth[:i]]  # count i + 1 <= least: masked
+        for token, ends_at in ((truth[past], past + 1), *((truth[i], None) for i in before)):
+            generation = GenerationConfig(max_new_tokens=40, stop_on_eos=False, stop_token_ids=(token,),
+                                          min_new_tokens=least)
+            expected = plain_engine.generate(PROMPT, SamplingConfig(), generation).token_ids
+            got = Engine(target, Oracle(truth, len(PROMPT)), SPEC).generate(PROMPT, SamplingConfig(), generation)
+            assert got.token_ids == expected, (least, token)
+            assert token not in expected[:least - 1]
+            if ends_at is not None:
+                assert expected == truth[:ends_at] and got.metrics.accepted > 0
+
+
 def test_first_token_time_is_the_prefill_and_the_first_step(target):
     """GenerationMetrics.first_token_s: the prefill's seconds and the first step's, not the later steps'."""
     engine = Engine(target, Oracle(plain(target, 12), len(PROMPT), right=2), SPEC)
@@ -94,6 +115,26 @@ def pushed(text: StopText, tokenizer, pieces: list[str]) -> tuple[str, bool]:
 def test_stop_string_is_cut_whatever_the_token_boundaries(pieces):
     tokenizer = byte_tokenizer()
     assert pushed(StopText(tokenizer, ("STOP",)), tokenizer, pieces) == ("hello ", True)
+
+
+def test_text_pushed_unsearched_is_held_back_alike_in_any_grouping():
+    """min_tokens: stop strings are not looked for in the first tokens' text, only held back, so a stop string
+    that ends past the boundary still counts; the result does not depend on how the tokens are grouped."""
+    tokenizer = byte_tokenizer()
+    ids = tokenizer("ab STOP cd STOP ef")["input_ids"]
+    for boundary in range(len(ids) + 1):
+        outcomes = set()
+        for size in (1, 2, 3, 7):
+            text, out, stopped, at = StopText(tokenizer, ("STOP",)), "", False, 0
+            while at < len(ids) and not stopped:  # groups of `size`, as steps commit them
+                end = min(at + size, len(ids))
+                delta, stopped = text.push_after(ids[at:end], before=at, least=boundary, final=end == len(ids))
+                out, at = out + delta, end
+            outcomes.add((out, stopped))
+        # the first STOP ends at token 7, the second at token 15
+        expected = ("ab ", True) if boundary < 7 else ("ab STOP cd ", True) if boundary < 15 else (
+            "ab STOP cd STOP ef", False)
+        assert outcomes == {expected}, boundary
 
 
 @pytest.mark.parametrize("pieces", [["one</end> two"], ["one</e", "nd> two"], list("one</end> two")])

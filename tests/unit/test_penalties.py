@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdecode.config import SamplingConfig
-from specdecode.core.penalties import check_bias, path_tokens, penalize
+from specdecode.core.penalties import check_bias, hold_ends, path_tokens, penalize
 from specdecode.core.sampling import probabilities
 from specdecode.errors import ConfigError
 
@@ -44,6 +44,19 @@ def test_tree_positions_equal_plain_decoding_of_their_paths():
         penalize(alone, ALL, prompt, output + path, [[]])
         assert torch.equal(batched[i], alone[0]), (i, path)
     assert not torch.equal(batched[3], batched[0])  # the path's second 4 is penalized again
+
+
+def test_min_tokens_masks_the_ends_where_the_position_picks_an_early_token():
+    """Two tokens generated, min_tokens 4: the root (picks the 3rd) and depth-1 nodes (the 4th) hold the ends back,
+    depth-2 nodes (the 5th) do not."""
+    logits = torch.zeros(5, 6)
+    hold_ends(logits, [2, 5], produced=2, depths=[0, 1, 2, 1, 2], least=4)
+    masked = torch.isinf(logits)
+    assert masked[:, [2, 5]].tolist() == [[True, True], [True, True], [False, False], [True, True], [False, False]]
+    assert not masked[:, [0, 1, 3, 4]].any()
+    untouched = torch.zeros(2, 6)
+    hold_ends(untouched, [2], produced=4, depths=[0, 1], least=4)
+    assert not torch.isinf(untouched).any()
 
 
 def test_no_penalty_leaves_the_logits():
