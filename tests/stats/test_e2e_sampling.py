@@ -253,3 +253,48 @@ def test_unpenalized_second_tokens_are_detected(target, monkeypatch):
     spec = SpecConfig(k=2, first_step_drafts=True)
     engine = Engine(target, build("prompt-lookup", target, spec), spec)
     assert chi2_pvalue(sample_pairs(engine, SAMPLES, PENALIZED), _exact_penalized(target)) < 1e-4
+
+
+def _exact_held(target, end: int) -> dict[tuple[int, int], float]:
+    """The first two tokens' joint with min_new_tokens 1 and `end` a stop token: the first may not be `end`, the
+    second may (a reference written out here, independent of penalties.hold_ends)."""
+    from tests.stats.two_tokens import last_logits
+
+    with torch.no_grad():
+        first = probabilities(last_logits(target, [PROMPT])[0].index_fill(0, torch.tensor([end]), float("-inf")),
+                              SAMPLING)
+        second = probabilities(last_logits(target, [PROMPT + [t] for t in range(VOCAB)]), SAMPLING)
+    return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)
+            if first[a] * second[a, b] > 0}
+
+
+def _held(target) -> tuple[GenerationConfig, dict[tuple[int, int], float]]:
+    """min_new_tokens 1 with the likeliest second token as a stop token (so holding it at the wrong depth shows)."""
+    unheld = exact_pairs(target)
+    end = max(range(VOCAB), key=lambda t: sum(p for (_, b), p in unheld.items() if b == t))
+    generation = GenerationConfig(max_new_tokens=3, stop_on_eos=False, stop_token_ids=(end,), min_new_tokens=1)
+    return generation, _exact_held(target, end)
+
+
+@pytest.mark.parametrize("name", ["draft-model", "prompt-lookup", "suffix"])  # drawn q, one-hot q, a tree
+def test_first_tokens_follow_the_target_held_by_min_tokens(name, target):
+    """vLLM's min_tokens masks the ending tokens by each draft position's depth: the first token (the root) may not
+    end, the second (a depth-1 node) may."""
+    generation, exact = _held(target)
+    spec = SpecConfig(k=2, first_step_drafts=True)
+    engine = Engine(target, build(name, target, spec), spec)
+    assert chi2_pvalue(sample_pairs(engine, SAMPLES, SAMPLING, generation), exact) > 1e-3
+
+
+def test_min_tokens_held_at_the_wrong_depth_is_detected(target, monkeypatch):
+    """The test above can fail: holding the ends at every position of a draft, whatever its depth, rejects."""
+    from specdecode.core import engine as engine_module
+    from specdecode.core.penalties import hold_ends
+
+    monkeypatch.setattr(engine_module, "hold_ends", lambda logits, ends, produced, depths, least: hold_ends(
+        logits, ends, produced, [0] * len(depths), least))
+    generation, exact = _held(target)
+    spec = SpecConfig(k=2, first_step_drafts=True)
+    engine = Engine(target, build("draft-model", target, spec), spec)  # drafts every step: depth 1 always scored
+    pairs = sample_pairs(engine, SAMPLES, SAMPLING, generation)
+    assert not set(pairs) <= set(exact) or chi2_pvalue(pairs, exact) < 1e-4  # impossible pairs, or the wrong odds

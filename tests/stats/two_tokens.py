@@ -46,11 +46,13 @@ def last_logits(target: Target, prompts: list[list[int]]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def sample_pairs(engine: Engine, samples: int, sampling: SamplingConfig = SAMPLING) -> list[tuple[int, int]]:
+def sample_pairs(engine: Engine, samples: int, sampling: SamplingConfig = SAMPLING,
+                 generation: GenerationConfig | None = None) -> list[tuple[int, int]]:
     """The first two tokens of `samples` generations, seeds 0..samples-1 (3 tokens asked: no length cut)."""
     pairs = []
+    generation = generation or GenerationConfig(max_new_tokens=3, stop_on_eos=False)
     for seed in range(samples):
         seeded = dataclasses.replace(sampling, seed=seed)
-        out = engine.generate(PROMPT, seeded, GenerationConfig(max_new_tokens=3, stop_on_eos=False)).token_ids
+        out = engine.generate(PROMPT, seeded, generation).token_ids
         pairs.append((out[0], out[1]))
     return pairs
