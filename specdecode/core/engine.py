@@ -89,6 +89,8 @@ class Engine:
                 f"prompt ({len(prompt_ids)} tokens) + max new tokens ({generation.max_new_tokens}) exceeds the "
                 f"model's context of {limit} tokens"
             )
+        if any(token >= self.target.vocab_size for token in generation.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be below the vocabulary's {self.target.vocab_size} tokens")
 
     def kv_slots(self, prompt_len: int, generation: GenerationConfig) -> int:
         """Cache slots a sequence may use: its prompt and new tokens, plus room for a step's block."""

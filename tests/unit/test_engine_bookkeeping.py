@@ -10,6 +10,7 @@ from specdecode.core.engine import Engine, StopText
 from specdecode.core.metrics import GenerationMetrics
 from specdecode.core.target import Target
 from specdecode.drafters.none import SPEC as NONE_SPEC
+from specdecode.errors import ConfigError
 from tests.fakes import Oracle
 from tests.tiny import byte_tokenizer, tiny_llama
 
@@ -63,6 +64,8 @@ def test_min_tokens_masks_each_draft_position_by_its_depth(target):
             assert token not in expected[:least - 1]
             if ends_at is not None:
                 assert expected == truth[:ends_at] and got.metrics.accepted > 0
+    with pytest.raises(ConfigError, match="stop_token_ids must be below"):
+        plain_engine.generate(PROMPT, SamplingConfig(), GenerationConfig(stop_token_ids=(64,), min_new_tokens=1))
 
 
 def test_first_token_time_is_the_prefill_and_the_first_step(target):
