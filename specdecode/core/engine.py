@@ -135,6 +135,7 @@ class Engine:
         if generation.detokenize and self.target.tokenizer is not None:
             seq.text = StopText(self.target.tokenizer, generation.stop_strings, generation.stop_after)
         seq.constraint = constraint
+        seq.ends = frozenset(generation.stop_token_ids) | (self.target.eos_ids if generation.stop_on_eos else set())
         seq.metrics.prompt_tokens = len(prompt_ids)
         seq.metrics.cached_prompt_tokens = seq.prefilled = shared
         try:
@@ -386,7 +387,7 @@ class Engine:
                          seq.output_ids, path_tokens(draft.tokens, draft.parents))
             least = seq.generation.min_new_tokens
             if least and len(seq.output_ids) < least:  # no end before the least-th token, at any node's depth
-                hold_ends(logits[b, : 1 + len(draft)], self._ends(seq), len(seq.output_ids),
+                hold_ends(logits[b, : 1 + len(draft)], sorted(seq.ends), len(seq.output_ids),
                           [0, *depths_of(draft.parents)], least)
             if fit is not None:  # the grammar's mask at every node: the verifier sees the constrained distribution
                 masking = time.perf_counter()
@@ -464,9 +465,8 @@ class Engine:
     def _cut_at_stops(self, seq: Sequence, tokens: list[int]) -> list[int]:
         """Cut the committed tokens at the first EOS or stop token (kept, like transformers) or at the length
         budget."""
-        ends = self._ends(seq)
         for i, token in enumerate(tokens):
-            if token in ends:
+            if token in seq.ends:
                 tokens, seq.finish_reason = tokens[: i + 1], "eos"
                 break
         remaining = seq.generation.max_new_tokens - seq.metrics.new_tokens
@@ -475,10 +475,6 @@ class Engine:
                 seq.finish_reason = "length"
             tokens = tokens[:remaining]
         return tokens
-
-    def _ends(self, seq: Sequence) -> set[int]:
-        """The tokens that end this sequence's output (kept): EOS unless ignored, and its stop tokens."""
-        return set(seq.generation.stop_token_ids) | (self.target.eos_ids if seq.generation.stop_on_eos else set())
 
     def _text(self, seq: Sequence, tokens: list[int]) -> str:
         """The text the committed tokens complete; a stop string found in it finishes the sequence ("stop"; the

@@ -34,6 +34,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
     text: StopText | None = field(default=None, repr=False)  # detokeniser and stop strings (None: ids only)
     constraint: Constraint | None = field(default=None, repr=False)  # the grammar state (structured outputs)
+    ends: frozenset[int] = frozenset()  # tokens that end the output, kept: EOS unless ignored, and the stop tokens
 
     @property
     def finished(self) -> bool:

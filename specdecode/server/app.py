@@ -394,7 +394,7 @@ async def _tokenize(service: Service, request: Request) -> Response:
                           "invalid_value")
     if req.messages is None:
         with service.tokenizer_lock:
-            ids = service.target.tokenizer(req.prompt, add_special_tokens=bool(req.add_special_tokens))["input_ids"]
+            ids = _encode_prompt(service, req.prompt, bool(req.add_special_tokens))
     else:
         chat = req.chat()
         try:
@@ -521,7 +521,9 @@ def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest
         return [_encode_prompt(service, prompt) for prompt in req.prompts()]  # type: ignore[union-attr]
 
 
-def _encode_prompt(service: Service, prompt: str | list[int]) -> list[int]:
+def _encode_prompt(service: Service, prompt: str | list[int], special: bool = True) -> list[int]:
+    """A completion prompt's token ids (special: the tokenizer adds its special tokens to a text, as completions
+    do; /tokenize may ask it not to)."""
     if not prompt:
         raise bad_request("the prompt is empty", "prompt", "invalid_value")
     if isinstance(prompt, list):
@@ -529,7 +531,7 @@ def _encode_prompt(service: Service, prompt: str | list[int]) -> list[int]:
         if any(not 0 <= t < vocab for t in prompt):
             raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt", "invalid_value")
         return list(prompt)
-    return [int(i) for i in service.target.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
+    return [int(i) for i in service.target.tokenizer(prompt, add_special_tokens=special)["input_ids"]]
 
 
 def _echoes(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest,
