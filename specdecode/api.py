@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from os import PathLike
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from specdecode.backends.cpu.own_thread import run_in_own_thread
 from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, SpecConfig, Structure
 from specdecode.core.engine import Engine
+from specdecode.core.infill import FimFormat, fim_format, infill_prompt
 from specdecode.core.sequence import Result, Sequence, StepOutcome
 from specdecode.core.target import Target
 from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read
@@ -67,9 +69,19 @@ class SpecDecoder:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def encode(self, prompt: str | list[dict], chat: bool = False) -> list[int]:
-        """Text (or chat messages) -> prompt token ids; chat applies the model's chat template."""
+    @cached_property
+    def fim(self) -> FimFormat | None:
+        """The tokenizer's fill-in-the-middle markers (None: it has none), read once."""
+        return fim_format(self.tokenizer)
+
+    def encode(self, prompt: str | list[dict], chat: bool = False, suffix: str | None = None) -> list[int]:
+        """Text (or chat messages) -> prompt token ids; chat applies the model's chat template; suffix: the text
+        after the one to generate, which then fills the middle (core/infill.py; a prompt, not chat, may be empty)."""
         _check_prompt(prompt, chat)
+        if suffix is not None:
+            if not isinstance(suffix, str) or chat or not isinstance(prompt, str):
+                raise ConfigError("suffix must be a string, with a text prompt (not chat)")
+            return infill_prompt(self.tokenizer, self.fim, prompt, suffix)
         if isinstance(prompt, str) and not prompt.strip():
             raise ConfigError("the prompt is empty")
         if chat or not isinstance(prompt, str):
@@ -82,22 +94,33 @@ class SpecDecoder:
         return [int(i) for i in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
 
     def stream(self, prompt: str | list[dict], *, chat: bool = False, sampling: SamplingConfig | None = None,
-               generation: GenerationConfig | None = None) -> Iterator[tuple[Sequence, StepOutcome]]:
+               generation: GenerationConfig | None = None,
+               suffix: str | None = None) -> Iterator[tuple[Sequence, StepOutcome]]:
         """Checks its arguments when called (not at the first next()), then decodes lazily."""
         for name, value, kind in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig)):
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"{name} must be a {kind.__name__} or None, got {type(value).__name__}")
         _check_greedy(sampling or SamplingConfig())
-        return self.engine.stream(self.encode(prompt, chat), sampling, generation)
+        ids = self.encode(prompt, chat, suffix)
+        return self.engine.stream(ids, sampling, self._middle(generation or GenerationConfig(), suffix))
+
+    def _middle(self, generation: GenerationConfig, suffix: str | None) -> GenerationConfig:
+        """A filled middle also ends at its format's end tokens (its pad and file tokens: the model is done)."""
+        fmt = self.fim if suffix is not None else None
+        if fmt is None:
+            return generation
+        ends = tuple(sorted(set(generation.stop_token_ids) | fmt.ends))
+        return replace(generation, stop_token_ids=ends)
 
     def generate(self, prompt: str | list[dict], *, chat: bool = False, max_new_tokens: int = 128,
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  response_format: Structure | dict | None = None, logprobs: int | None = None, min_p: float = 0.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
-                 logit_bias: dict[int, float] | None = None) -> Result:
+                 logit_bias: dict[int, float] | None = None, suffix: str | None = None) -> Result:
         """response_format: a Structure (JSON schema, regex, choice, grammar) or OpenAI's response_format dict;
         logprobs: per token its logprob and the top-N alternatives (Result.logprobs); penalties and logit_bias
-        ({token id: bias}) as OpenAI's and vLLM's (penalties.py), greedy decoding included."""
+        ({token id: bias}) as OpenAI's and vLLM's (penalties.py), greedy decoding included; suffix: the text after
+        the generated one, which fills the middle (a model with fill-in-the-middle tokens)."""
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, min_p=min_p,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   repetition_penalty=repetition_penalty,
@@ -105,7 +128,7 @@ class SpecDecoder:
         structure = None if response_format is None else Structure.from_response_format(response_format)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, structure=structure, logprobs=logprobs)
         _check_greedy(sampling)
-        return self.engine.generate(self.encode(prompt, chat), sampling, generation)
+        return self.engine.generate(self.encode(prompt, chat, suffix), sampling, self._middle(generation, suffix))
 
 
 def _check_prompt(prompt, chat) -> None:

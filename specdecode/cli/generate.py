@@ -42,6 +42,9 @@ def register(subparsers, name: str = "generate") -> None:
                      help="add BIAS (-100..100) to token ID's logit (as OpenAI's logit_bias)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    gen.add_argument("--suffix", metavar="TEXT", default=None,
+                     help="the text after the one to generate: fill the middle between the prompt and it (a model "
+                          "with fill-in-the-middle tokens, such as the Qwen2.5-Coder pair)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.add_argument("--logprobs", type=int, default=None, metavar="N",
                      help="per token its logprob and the N most likely alternatives (in --json output)")
@@ -75,8 +78,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                               logit_bias=args.logit_bias)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, structure=_structure(args),
                                   logprobs=args.logprobs)
-    if not args.prompt.strip():
+    if not args.prompt.strip() and not args.suffix:
         raise ConfigError("the prompt is empty")
+    if args.suffix is not None and args.chat:
+        raise ConfigError("--suffix fills a middle in a text prompt: it cannot be combined with --chat")
     ignored = ["--" + name.replace("_", "-") for name in sampling.unused_when_greedy()]
     if ignored:
         raise ConfigError(f"{', '.join(ignored)} has no effect with greedy decoding; set --temperature > 0")
@@ -84,7 +89,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_drafter_flags(args, [drafter], drafter if drafter == args.drafter else f"{args.drafter} (here: {drafter})")
     decoder = SpecDecoder.load(model_config(args), drafter_config(args), spec=spec_config(args))
     pieces, logged, seq = [], [], None
-    for seq, chunk in decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation):  # noqa: B007 - the last seq is read after the loop
+    stream = decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation, suffix=args.suffix)
+    for seq, chunk in stream:  # noqa: B007 - the last seq is read after the loop
         pieces.append(chunk.text)
         logged.extend(chunk.logprobs or ())
         if not args.json and chunk.text:

@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig, Structure
 from specdecode.core.drafting import Drafter
 from specdecode.core.engine import Engine
+from specdecode.core.infill import FimFormat, fim_format, infill_prompt
 from specdecode.core.penalties import check_bias
 from specdecode.core.target import Target
 from specdecode.drafters import suffix_of
@@ -93,6 +94,7 @@ class Service:
     created: int
     tool_format: ToolFormat | None  # how the chat template's model calls tools; None: it serves no tools
     added_tokens: frozenset[str]  # the tokenizer's added tokens (a tool-call marker may be one)
+    fim: FimFormat | None  # the tokenizer's fill-in-the-middle markers; None: completions' suffix is a 400
 
     @property
     def drafters(self) -> list[str]:
@@ -117,7 +119,7 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
     added = getattr(target.tokenizer, "get_added_vocab", dict)()
     return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
-                   tool_format(target.tokenizer), frozenset(added))
+                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer))
 
 
 def create_app(service: Service) -> FastAPI:
@@ -299,6 +301,8 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     schemas["SpeculationOptions"]["properties"]["drafter"] = {"enum": [None, *service.drafters]}
     schemas["CompletionRequest"]["properties"]["prompt"] = _prompt_schema(service.target.vocab_size,
                                                                     service.config.max_queue)
+    if service.fim is None:  # a tokenizer without fill-in-the-middle markers: a suffix is a 400
+        schemas["CompletionRequest"]["properties"]["suffix"] = {"enum": [None, ""]}
     if service.tool_format is None:  # a template that shows no calling format: tools are a 400
         schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"enum": [None, "none", "auto"]}
         for name, field in (("ChatCompletionRequest", "tools"), ("TokenizeRequest", "tools"),
@@ -518,7 +522,20 @@ def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest
     with service.tokenizer_lock:
         if isinstance(req, s.ChatCompletionRequest):
             return [_encode_chat(service, req, tools)]
+        if req.suffix:
+            return [_encode_infill(service, prompt, req.suffix) for prompt in req.prompts()]
         return [_encode_prompt(service, prompt) for prompt in req.prompts()]  # type: ignore[union-attr]
+
+
+def _encode_infill(service: Service, prompt: str | list[int], suffix: str) -> list[int]:
+    """A fill-in-the-middle prompt: the middle between the prompt and the suffix (core/infill.py); an empty prompt
+    is a middle at the start of the text."""
+    if isinstance(prompt, list):
+        _check_ids(service, prompt)
+    try:
+        return infill_prompt(service.target.tokenizer, service.fim, prompt, suffix)
+    except ConfigError as error:
+        raise bad_request(str(error), "suffix", "unsupported") from None
 
 
 def _encode_prompt(service: Service, prompt: str | list[int], special: bool = True) -> list[int]:
@@ -527,11 +544,15 @@ def _encode_prompt(service: Service, prompt: str | list[int], special: bool = Tr
     if not prompt:
         raise bad_request("the prompt is empty", "prompt", "invalid_value")
     if isinstance(prompt, list):
-        vocab = service.target.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt", "invalid_value")
+        _check_ids(service, prompt)
         return list(prompt)
     return [int(i) for i in service.target.tokenizer(prompt, add_special_tokens=special)["input_ids"]]
+
+
+def _check_ids(service: Service, ids: list[int]) -> None:
+    vocab = service.target.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise bad_request(f"prompt token ids must be in [0, {vocab})", "prompt", "invalid_value")
 
 
 def _echoes(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest,
@@ -694,12 +715,19 @@ def _job(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, p
         generation = GenerationConfig(max_new_tokens=most, min_new_tokens=least,
                                       stop_on_eos=not req.ignore_eos, stop_strings=() if kept else stops,
                                       stop_after=shape.tools.stop_after + (stops if kept else ()),
-                                      stop_token_ids=tuple(req.stop_token_ids or ()),
+                                      stop_token_ids=tuple(req.stop_token_ids or ()) + _middle_ends(service, req),
                                       structure=shape.structure, logprobs=shape.logprobs, cache_salt=req.cache_salt,
                                       prompt_logprobs=shape.logprobs if echo else None)
     except ConfigError as error:
         raise bad_request(str(error)) from None
     return Job(tuple(prompt_ids), sampling, generation, drafter, spec.k, prompt_only=prompt_only)
+
+
+def _middle_ends(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest) -> tuple[int, ...]:
+    """A filled middle also ends at its format's own end tokens (its pad and file tokens: the model is done)."""
+    if isinstance(req, s.CompletionRequest) and req.suffix and service.fim is not None:
+        return tuple(sorted(service.fim.ends))
+    return ()
 
 
 class _HostCheck:

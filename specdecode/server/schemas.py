@@ -4,7 +4,7 @@ Validation policy for request fields, in three kinds:
 1. Fields we implement (model, prompt/messages, max_tokens, temperature, top_p, seed, stop, n, echo, stream, ...)
    are validated strictly: a wrong type (`"max_tokens": "5"`, `"stream": "yes"`) or an out-of-range value is a
    400 `invalid_request_error` naming the field in `param`. Strict mode: no string-to-number coercion.
-2. OpenAI fields we do not implement (best_of, suffix, functions, audio, a message's name, ...) are accepted
+2. OpenAI fields we do not implement (best_of, functions, audio, a message's name, ...) are accepted
    only at their neutral value (null / false / 0 / 1 / empty); anything else is a 400 that says the field is
    unsupported, so a client never gets silently different behaviour.
 3. Other fields are ignored: SDKs and proxies add fields freely (and OpenAI's bookkeeping fields such as
@@ -206,15 +206,15 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # OpenAI allows 5; vLLM 20
     echo: bool | None = False  # the prompt's text (and with logprobs, its tokens' logprobs) leads each choice's
     best_of: int | None = None
-    suffix: str | None = None
-    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "best_of": (1,), "suffix": ("",)}
+    suffix: str | None = None  # text after the completion: the model fills the middle (core/infill.py)
+    ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "best_of": (1,)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
         if self.best_of not in (None, 1):
             problems.append(("best_of", "only best_of=1 is supported"))
-        if self.suffix:
-            problems.append(("suffix", "suffix is not supported"))
+        if self.suffix and self.echo:
+            problems.append(("echo", "echo is not supported with a suffix (the prompt is laid out around the middle)"))
         return problems
 
     def prompts(self) -> list[str | list[int]]:

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from specdecode.api import SpecDecoder
 from specdecode.cli.main import main
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 
@@ -44,6 +45,8 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--model", "/no/such/model", "hi"], "model not found"),
     (["generate", "--drafter", "nope", "hi"], "invalid choice"),
     (["generate", "--top-p", "0", "hi"], "top-p"),
+    (["generate", "--suffix", ")", "--chat", "hi"], "--suffix fills a middle in a text prompt"),
+    (["generate", "--suffix", ")", "print("], "no fill-in-the-middle tokens"),  # the default model has none
     (["generate", "--lookahead", "1,6", "hi"], "expected three integers W,N,G"),
     (["generate", "--drafter", "lookahead", "--lookahead", "1,1,2", "--max-new-tokens", "4", "hi"], "ngram >= 2"),
     # values and flags that must be refused up front, not end in a traceback or be silently ignored
@@ -134,6 +137,20 @@ def test_json_output_on_tiny_model(tiny_model_dir):
     assert payload["new_tokens"] <= 16 and payload["target_passes"] >= 1
     assert 0 < payload["metrics"]["first_token_s"] <= payload["metrics"]["total_s"]
     assert payload["drafter"] == "prompt-lookup"  # the default `auto`, resolved: the tiny model has no head
+
+
+def test_a_suffix_fills_the_middle(tmp_path, capsys):
+    """--suffix on a model whose tokenizer has FIM tokens: the middle the library writes (core/infill.py), from an
+    empty prompt too."""
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]})
+    directory = save_tiny(tmp_path, tiny_llama(vocab_size=len(tokenizer)), tokenizer)
+    decoder = SpecDecoder.load(directory, "none")
+    for prompt in ("def f(x):\n    ", ""):
+        assert main(["generate", "--model", directory, "--json", "--max-new-tokens", "12", "--suffix", "\nf(2)\n",
+                     prompt]) == 0
+        text = json.loads(capsys.readouterr().out)["text"]
+        assert text == decoder.generate(prompt, suffix="\nf(2)\n", max_new_tokens=12).text
 
 
 def test_streaming_text_then_metrics(tiny_model_dir, capsys):

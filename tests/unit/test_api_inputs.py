@@ -93,6 +93,9 @@ def test_configs_refuse_wrong_types(config, needle):
     ("hi", dict(temperature=None), "temperature must be a number"),
     ("hi", dict(temperature=1.0, top_k=2.5), "top_k must be an integer"),
     ("hi", dict(temperature=1.0, seed=2**70), "seed must be in"),
+    ("hi", dict(suffix=3), "suffix must be a string"),
+    ("hi", dict(suffix=")", chat=True), "with a text prompt (not chat)"),
+    ("hi", dict(suffix=")"), "no fill-in-the-middle tokens"),  # the tiny byte tokenizer has none
 ])
 def test_generate_refuses_bad_arguments(decoder, prompt, kwargs, needle):
     with pytest.raises(ConfigError) as error:
@@ -104,6 +107,7 @@ def test_generate_refuses_bad_arguments(decoder, prompt, kwargs, needle):
     (dict(sampling={"temperature": 1.0}), "sampling must be a SamplingConfig"),
     (dict(generation={"max_new_tokens": 2}), "generation must be a GenerationConfig"),
     (dict(sampling=SamplingConfig(top_p=0.5)), "top_p has no effect with greedy decoding"),
+    (dict(suffix=")"), "no fill-in-the-middle tokens"),
 ])
 def test_stream_refuses_bad_arguments_when_called(decoder, kwargs, needle):
     with pytest.raises(ConfigError) as error:

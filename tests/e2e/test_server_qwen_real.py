@@ -1,8 +1,9 @@
-"""Tool calls on the real Qwen2.5-Coder 1.5B (its CPU default int4 weights) through the server: its template
-teaches Hermes' <tool_call> format and its <tool_call> is an added token. Under "auto" it writes each call as a bare
-JSON block, which is read as the call; a forced call ("required") decodes under the tools' grammar to the same
-call, equal to plain constrained decoding; and after the tool's result, with tool_choice "none", it answers in
-text from that result (still offered the tools, the 1.5B calls the same tool again)."""
+"""The server on the real Qwen2.5-Coder 1.5B (its CPU default int4 weights). Tool calls: its template teaches Hermes'
+<tool_call> format and its <tool_call> is an added token. Under "auto" it writes each call as a bare JSON block,
+which is read as the call; a forced call ("required") decodes under the tools' grammar to the same call, equal to
+plain constrained decoding; and after the tool's result, with tool_choice "none", it answers in text from that
+result (still offered the tools, the 1.5B calls the same tool again). And with a suffix it fills the middle of a
+function (core/infill.py) as plain greedy decoding of the layout does, ending at its end of text."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,6 +14,7 @@ import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig, Structure
 from specdecode.core.engine import Engine
+from specdecode.core.infill import fim_format, infill_prompt
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.loading.packages import PACKAGED
@@ -82,3 +84,15 @@ def test_auto_and_forced_calls_agree_and_the_answer_follows(client, target):
         *ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'}])
     assert answer.choices[0].message.content and "21" in answer.choices[0].message.content
+
+
+def test_a_suffix_fills_the_middle_of_a_function(client, target):
+    before = 'def median(values: list[float]) -> float:\n    """The middle value (the mean of the middle two)."""\n'
+    after = "\n\ndef test_median():\n    assert median([3, 1, 2]) == 2\n    assert median([4, 1, 3, 2]) == 2.5\n"
+    reply = client.completions.create(model="qwen", prompt=before, suffix=after, max_tokens=96, temperature=0)
+    middle = reply.choices[0].text
+    assert reply.choices[0].finish_reason == "stop" and "return" in middle and "def test_median" not in middle
+    fmt = fim_format(target.tokenizer)
+    ids = infill_prompt(target.tokenizer, fmt, before, after)
+    engine = Engine(target, build_drafter(target, DrafterConfig(name="none"), SPEC), SPEC, max_batch=1)
+    assert engine.generate(ids, SamplingConfig(), GenerationConfig(96, stop_token_ids=tuple(fmt.ends))).text == middle
