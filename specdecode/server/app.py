@@ -41,6 +41,7 @@ from specdecode.server.metrics import ServerMetrics
 from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
 from specdecode.server.replies import Choice, Reply, sse, whole
+from specdecode.server.responses import INPUT_ITEMS, ResponsesRequest, ResponseWriter, TextConfig, responses_error
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import (
     NO_SPECULATION,
@@ -190,6 +191,10 @@ def create_app(service: Service) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await _counted(service, "chat_completions", _handle(service, request, chat=True))
 
+    @app.post("/v1/responses", dependencies=v1, openapi_extra=_json_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        return await _counted(service, "responses", _respond(service, request))
+
     @app.post("/tokenize", dependencies=v1, openapi_extra=_json_body(s.TokenizeRequest))
     async def tokenize(request: Request) -> Response:
         return await _counted(service, "tokenize", _tokenize(service, request))
@@ -277,10 +282,14 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     """The request models' JSON schemas, narrowed to what this server accepts (anything else is a 4xx): its model
     name and drafters, max_tokens within the context, at most 4 stop strings, unimplemented fields only at their
     neutral values. Schema-driven clients and fuzzers then know which requests decode."""
-    bodies = (s.CompletionRequest, s.ChatCompletionRequest, s.TokenizeRequest, s.DetokenizeRequest)
-    _, defs = models_json_schema([(body, "validation") for body in bodies], ref_template="#/components/schemas/{model}")
+    bodies = (s.CompletionRequest, s.ChatCompletionRequest, s.TokenizeRequest, s.DetokenizeRequest, ResponsesRequest)
+    _, defs = models_json_schema([(body, "validation") for body in (*bodies, *INPUT_ITEMS)],
+                                 ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
-    for model in (s.CompletionRequest, s.ChatCompletionRequest, s.ChatMessage):
+    items = {"anyOf": [{"$ref": f"#/components/schemas/{item.__name__}"} for item in INPUT_ITEMS]}
+    schemas["ResponsesRequest"]["properties"]["input"] = {  # read item by item (ResponsesRequest.items)
+        "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": items, "minItems": 1}]}
+    for model in (s.CompletionRequest, s.ChatCompletionRequest, s.ChatMessage, ResponsesRequest, TextConfig):
         properties = schemas[model.__name__]["properties"]
         for name, values in model.accepted_values().items():
             properties[name] = {"enum": [None, *values]}
@@ -305,8 +314,9 @@ def _request_schemas(service: Service) -> dict[str, dict]:
         schemas["CompletionRequest"]["properties"]["suffix"] = {"enum": [None, ""]}
     if service.tool_format is None:  # a template that shows no calling format: tools are a 400
         schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"enum": [None, "none", "auto"]}
+        schemas["ResponsesRequest"]["properties"]["tool_choice"] = {"enum": [None, "none", "auto"]}
         for name, field in (("ChatCompletionRequest", "tools"), ("TokenizeRequest", "tools"),
-                            ("ChatMessage", "tool_calls")):
+                            ("ChatMessage", "tool_calls"), ("ResponsesRequest", "tools")):
             schemas[name]["properties"][field] = {"enum": [None, []]}
     schemas["DetokenizeRequest"]["properties"]["tokens"] = {
         "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": service.target.vocab_size - 1}}
@@ -388,6 +398,31 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
         watcher.cancel()
         for ticket in tickets:
             ticket.cancel()
+
+
+async def _respond(service: Service, request: Request) -> Response:
+    """OpenAI's Responses API: the request as a chat request of one choice, written as a Responses object
+    (server/responses.py); a 400 names the field as the Responses request does."""
+    req = await _body(service, request, ResponsesRequest)
+    try:
+        chat = req.chat()
+        shape = await asyncio.to_thread(_output_shape, service, chat)
+        (ids,) = await asyncio.to_thread(_encode, service, chat, shape.tools)
+        job = _job(service, chat, ids, shape)
+    except APIError as error:
+        raise responses_error(error) from None
+    ticket = Ticket(job, asyncio.get_running_loop())
+    _submit(service, [ticket])
+    writer = ResponseWriter(service.config.model_name, req, shape.tools.reading)
+    if req.stream:
+        return StreamingResponse(writer.events(ticket), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    watcher = asyncio.create_task(_watch_disconnect(request, [ticket]))
+    try:
+        return JSONResponse(await writer.whole(ticket))
+    finally:
+        watcher.cancel()
+        ticket.cancel()
 
 
 async def _tokenize(service: Service, request: Request) -> Response:

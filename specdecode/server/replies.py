@@ -142,7 +142,7 @@ class Reply:
 
 async def whole(choices: Sequence[Choice], reply: Reply, n: int, logprobs: bool) -> dict:
     """The request's body once every choice has finished; a failed choice raises its APIError."""
-    tasks = [asyncio.create_task(_collect(choice.ticket)) for choice in choices]
+    tasks = [asyncio.create_task(collect(choice.ticket)) for choice in choices]
     try:
         results = await asyncio.gather(*tasks)
     finally:
@@ -153,7 +153,7 @@ async def whole(choices: Sequence[Choice], reply: Reply, n: int, logprobs: bool)
     return reply.whole(bodies, usage([event.stats for _, _, event in results], n))
 
 
-async def _collect(ticket: Ticket) -> tuple[str, list, Finished]:
+async def collect(ticket: Ticket) -> tuple[str, list, Finished]:
     """The choice's text, its logprob entries (an echoed prompt's first) and its Finished event."""
     pieces: list[str] = []
     entries: list = []

@@ -1,4 +1,4 @@
-"""Schema fuzz of both POST routes: schemathesis generates request bodies from the server's own /openapi.json
+"""Schema fuzz of the POST routes: schemathesis generates request bodies from the server's own /openapi.json
 (bodies that follow the schema, then bodies that break it) and sends them to a real server on 127.0.0.1 with the
 tiny model. Every answer must be below 500: bad input is a 4xx, good input decodes. Examples are derandomized,
 so a run is reproducible, and bounded (EXAMPLES per route and mode).
@@ -36,7 +36,8 @@ def server(tiny_target):
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize",
+                                  "/detokenize"])
 def test_fuzzed_bodies_never_get_a_5xx(server, path, mode):
     operation = schemathesis.openapi.from_url(server.url + "/openapi.json")[path]["POST"]
     statuses: dict[int, int] = {}

@@ -96,3 +96,12 @@ def test_a_suffix_fills_the_middle_of_a_function(client, target):
     ids = infill_prompt(target.tokenizer, fmt, before, after)
     engine = Engine(target, build_drafter(target, DrafterConfig(name="none"), SPEC), SPEC, max_batch=1)
     assert engine.generate(ids, SamplingConfig(), GenerationConfig(96, stop_token_ids=tuple(fmt.ends))).text == middle
+
+
+def test_the_responses_api_reads_the_same_call(client):
+    """Through /v1/responses (flat tools, an input text), the 1.5B's call comes out as a function_call item."""
+    tools = [{"type": "function", **tool["function"]} for tool in TOOLS]
+    reply = client.responses.create(model="qwen", input=ASK[0]["content"], tools=tools, max_output_tokens=64,
+                                    temperature=0)
+    calls = [(item.name, json.loads(item.arguments)) for item in reply.output if item.type == "function_call"]
+    assert calls and calls[0][0] == "get_weather" and calls[0][1]["city"] == "Paris" and reply.status == "completed"

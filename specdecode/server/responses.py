@@ -1,0 +1,384 @@
+"""OpenAI's Responses API (`POST /v1/responses`) over the chat machinery.
+
+A Responses request is a chat request written differently: `instructions` is a system message, `input` a text or a
+list of items (messages, the assistant's `function_call`s and their `function_call_output`s), `tools` are flat
+functions, `text.format` is the response format and `max_output_tokens` the cap. `ResponsesRequest.chat()` writes
+it as a `ChatCompletionRequest`, which the server decodes as any chat request (one choice), so every drafter,
+structure and tool call serves it; `ResponseWriter` writes the reply as Responses' output items: a message with
+`output_text`, and each call as a `function_call` item, whole or as Responses' typed events. Responses are not
+kept: `store` is answered false, and `previous_response_id` and `conversation`, which would read a kept one, are
+400s, as are the API's other features this server does not implement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, ValidationError
+
+from specdecode.server import schemas as s
+from specdecode.server.errors import APIError, from_validation, shown
+from specdecode.server.replies import collect, usage
+from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
+from specdecode.server.tools import Call, CallReader, Reading
+
+
+class InputText(s.RequestBody):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class InputMessage(s.RequestBody):
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[InputText]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(s.RequestBody):
+    """A call the assistant made earlier in the conversation."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str = Field(pattern=s.TOOL_NAME)
+    arguments: str  # JSON text of an object
+
+
+class FunctionCallOutput(s.RequestBody):
+    """A call's result, which the client sends back."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(part.text for part in self.output)
+
+
+class FunctionTool(s.RequestBody):
+    type: Literal["function"]
+    name: str = Field(pattern=s.TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(s.RequestBody):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(s.RequestBody):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(s.RequestBody):
+    format: TextFormat | None = None
+    verbosity: Any = None
+    NEUTRAL: ClassVar[dict[str, tuple]] = {"verbosity": ("medium",)}
+
+
+INPUT_ITEMS = (InputMessage, FunctionCallItem, FunctionCallOutput)  # the input items this server reads
+_ITEMS: dict[str | None, type[s.RequestBody]] = {None: InputMessage, "message": InputMessage,
+                                                 "function_call": FunctionCallItem,
+                                                 "function_call_output": FunctionCallOutput}
+
+
+class ResponsesRequest(s.ModelRequest):
+    input: str | list[dict[str, Any]]  # a text, or items: read by items(), each 400 naming its place
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    stream: bool | None = False
+    store: bool | None = None  # accepted; a response is not kept (answered `store: false`)
+    metadata: dict[str, str] | None = None  # returned with the response
+    # extensions, as on the chat endpoint
+    speculation: s.SpeculationOptions | None = None
+    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
+    top_k: int | None = Field(default=None, ge=0)
+    # not implemented: accepted only at their neutral values
+    previous_response_id: Any = None
+    conversation: Any = None
+    background: Any = None
+    reasoning: Any = None
+    include: Any = None
+    truncation: Any = None
+    prompt: Any = None
+    top_logprobs: Any = None
+    max_tool_calls: Any = None
+    NEUTRAL: ClassVar[dict[str, tuple]] = {
+        "previous_response_id": (), "conversation": (), "background": (False,), "reasoning": ({},),
+        "include": ([],), "truncation": ("disabled",), "prompt": (), "top_logprobs": (0,), "max_tool_calls": ()}
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        problems = super().unsupported()
+        if self.speculation is not None and self.speculation.trace:
+            problems.append(("speculation.trace", "speculation.trace rides on chat and completion chunks; it is not "
+                                                  "supported here"))
+        if self.text is not None:
+            problems += [(f"text.{param}", message) for param, message in self.text.unsupported()]
+        return problems
+
+    def chat(self) -> s.ChatCompletionRequest:
+        """The same request on the chat endpoint (one choice, not streamed: the writer here streams it)."""
+        tools = [s.Tool(type="function", function=s.FunctionDefinition(
+            name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict))
+            for tool in self.tools] if self.tools is not None else None
+        choice = self.tool_choice
+        if isinstance(choice, FunctionChoice):
+            choice = s.NamedToolChoice(type="function", function=s.NamedFunction(name=choice.name))
+        return s.ChatCompletionRequest(
+            model=self.model, messages=self._messages(), max_completion_tokens=self.max_output_tokens,
+            temperature=self.temperature, top_p=self.top_p, tools=tools, tool_choice=choice,
+            parallel_tool_calls=self.parallel_tool_calls, response_format=self._format(),
+            speculation=self.speculation, seed=self.seed, top_k=self.top_k)
+
+    def _messages(self) -> list[s.ChatMessage]:
+        """instructions, then the items; the assistant's calls join its message (one turn, as chat writes it)."""
+        messages = [s.ChatMessage(role="system", content=self.instructions)] if self.instructions else []
+        for item in self.items():
+            if isinstance(item, FunctionCallItem):
+                call = s.ToolCall(id=item.call_id, function=s.FunctionCall(name=item.name, arguments=item.arguments))
+                if messages and messages[-1].role == "assistant":
+                    messages[-1].tool_calls = [*(messages[-1].tool_calls or []), call]
+                else:
+                    messages.append(s.ChatMessage(role="assistant", content=None, tool_calls=[call]))
+            elif isinstance(item, FunctionCallOutput):
+                messages.append(s.ChatMessage(role="tool", tool_call_id=item.call_id, content=item.text()))
+            else:
+                messages.append(s.ChatMessage(role=item.role, content=item.text()))
+        if not messages:
+            raise APIError(400, "input holds no messages", param="input", code="invalid_value")
+        return messages
+
+    def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutput]:
+        """The input's items, each read by its type; one this server does not know is a 400 naming it."""
+        if isinstance(self.input, str):
+            return [InputMessage(role="user", content=self.input)]
+        items = []
+        for i, raw in enumerate(self.input):
+            kind = raw.get("type")
+            if not isinstance(kind, str | None) or kind not in _ITEMS:
+                raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, "
+                                    "function_call and function_call_output are)", param=f"input.{i}.type",
+                               code="unsupported")
+            try:
+                items.append(_ITEMS[kind].model_validate(raw))
+            except ValidationError as error:
+                inner = from_validation(error)
+                param = ".".join(filter(None, (f"input.{i}", inner.param)))
+                message = inner.message.replace(repr(inner.param), repr(param)) if inner.param else inner.message
+                raise APIError(400, message, param=param, code=inner.code) from None
+        return items  # type: ignore[return-value]
+
+    def _format(self) -> s.ResponseFormat | None:
+        fmt = self.text.format if self.text is not None else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return s.ResponseFormat(type="json_object")
+        if fmt.schema_ is None:
+            raise APIError(400, "text.format json_schema needs a schema", param="text.format.schema",
+                           code="invalid_value")
+        return s.ResponseFormat(type="json_schema", json_schema=s.JsonSchemaFormat(
+            name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict))
+
+
+# the chat request's fields as the Responses request names them, for a 400 about one of them
+_PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+
+
+def responses_error(error: APIError) -> APIError:
+    """A chat request's error as the Responses request names its field (tools.0.function.name -> tools.0.name)."""
+    param = error.param
+    if param is None:
+        return error
+    head, _, rest = param.partition(".")
+    if head == "tools":
+        named = param.replace(".function.", ".", 1)
+    elif head == "messages":
+        named = "input"
+    elif head in _PARAMS:
+        named = ".".join(filter(None, (_PARAMS[head], rest)))
+    else:
+        return error
+    message = error.message
+    for chat_name, own in _PARAMS.items():
+        message = message.replace(chat_name, own) if chat_name != "messages" else message
+    return dataclasses.replace(error, param=named, message=message)
+
+
+class ResponseWriter:
+    """Writes one request's reply as a Responses object, whole or as its stream of typed events."""
+
+    def __init__(self, model: str, req: ResponsesRequest, calls: Reading | None):
+        self.model, self.req, self.calls = model, req, calls
+        self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
+        self.sequence = 0
+
+    async def whole(self, ticket: Ticket) -> dict:
+        text, _, event = await collect(ticket)
+        pieces: list[str | Call] = [text]
+        if self.calls is not None:
+            reader = CallReader(self.calls)
+            pieces = reader.feed(text) + reader.close()
+        status = _status(event)
+        output: list[dict] = []
+        for piece in pieces:
+            if isinstance(piece, Call):
+                output.append(_call_item(piece, "completed"))
+            elif piece and output and output[-1]["type"] == "message":
+                output[-1]["content"][0]["text"] += piece
+            elif piece:
+                output.append(_message_item(piece, status))
+        if not output:
+            output.append(_message_item("", status))
+        return self._response(status, output, event)
+
+    async def events(self, ticket: Ticket) -> AsyncIterator[str]:
+        """Responses' server-sent events: created, in progress, each output item's (a message's text deltas, a
+        call whole once it has closed), then completed (incomplete at the token cap; an error event and failed
+        when the request fails)."""
+        reader = CallReader(self.calls) if self.calls is not None else None
+        output: list[dict] = []
+        message: dict | None = None  # the message item being written
+        try:
+            yield self._event("response.created", response=self._response("in_progress", [], None))
+            yield self._event("response.in_progress", response=self._response("in_progress", [], None))
+            while True:
+                event = await ticket.next()
+                if isinstance(event, PromptLogprobs):
+                    continue
+                if isinstance(event, TextDelta | Finished):
+                    text = event.text if isinstance(event, TextDelta) else ""
+                    pieces = [text] if reader is None else reader.feed(text)
+                    if isinstance(event, Finished) and reader is not None:
+                        pieces += reader.close()
+                    for piece in pieces:
+                        if isinstance(piece, Call):
+                            if message is not None:
+                                for body in self._close_message(message, output, "completed"):
+                                    yield body
+                                message = None
+                            for body in self._call_events(piece, output):
+                                yield body
+                        elif piece:
+                            if message is None:
+                                message = _message_item("", "in_progress")
+                                for body in self._open_message(message, output):
+                                    yield body
+                            message["content"][0]["text"] += piece
+                            yield self._event("response.output_text.delta", item_id=message["id"],
+                                              output_index=len(output), content_index=0, delta=piece, logprobs=[])
+                    if isinstance(event, Finished):
+                        status = _status(event)
+                        if message is None and not output:
+                            message = _message_item("", "in_progress")
+                            for body in self._open_message(message, output):
+                                yield body
+                        if message is not None:
+                            for body in self._close_message(message, output, status):
+                                yield body
+                        done = "response.completed" if status == "completed" else "response.incomplete"
+                        yield self._event(done, response=self._response(status, output, event))
+                        return
+                else:
+                    yield self._event("error", code=event.code, message=event.message, param=None)
+                    failed = self._response("failed", output, None)
+                    failed["error"] = {"code": event.code or "server_error", "message": event.message}
+                    yield self._event("response.failed", response=failed)
+                    return
+        finally:
+            ticket.cancel()
+
+    def _open_message(self, message: dict, output: list[dict]) -> list[str]:
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [self._event("response.output_item.added", output_index=len(output),
+                            item={**message, "content": []}),
+                self._event("response.content_part.added", item_id=message["id"], output_index=len(output),
+                            content_index=0, part=part)]
+
+    def _close_message(self, message: dict, output: list[dict], status: str) -> list[str]:
+        index, part = len(output), message["content"][0]
+        message["status"] = status
+        output.append(message)
+        return [self._event("response.output_text.done", item_id=message["id"], output_index=index, content_index=0,
+                            text=part["text"], logprobs=[]),
+                self._event("response.content_part.done", item_id=message["id"], output_index=index,
+                            content_index=0, part=part),
+                self._event("response.output_item.done", output_index=index, item=message)]
+
+    def _call_events(self, call: Call, output: list[dict]) -> list[str]:
+        item, index = _call_item(call, "completed"), len(output)
+        output.append(item)
+        return [self._event("response.output_item.added", output_index=index,
+                            item={**item, "arguments": "", "status": "in_progress"}),
+                self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                            delta=item["arguments"]),
+                self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            name=item["name"], arguments=item["arguments"]),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
+    def _event(self, kind: str, **fields) -> str:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+    def _response(self, status: str, output: list[dict], event: Finished | None) -> dict:
+        req = self.req
+        fmt = req.text.format if req.text is not None and req.text.format is not None else None
+        choice = req.tool_choice
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+            "output": output, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or []],
+            "tool_choice": choice.model_dump() if isinstance(choice, FunctionChoice) else choice or "auto",
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "previous_response_id": None, "store": False, "metadata": req.metadata or {}, "truncation": "disabled",
+            "usage": None if event is None else _usage(event)}
+
+
+def _status(event: Finished) -> str:
+    return "incomplete" if event.finish_reason == "length" else "completed"
+
+
+def _message_item(text: str, status: str) -> dict:
+    return {"id": "msg_" + uuid.uuid4().hex, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(call: Call, status: str) -> dict:
+    reply = call.reply()
+    return {"id": "fc_" + uuid.uuid4().hex, "type": "function_call", "status": status, "call_id": reply.id,
+            "name": call.name, "arguments": call.arguments}
+
+
+def _usage(event: Finished) -> dict:
+    """Responses' usage, with the chat endpoint's extensions (tau, target passes, ...)."""
+    counted = usage([event.stats])
+    extra = counted.model_dump(exclude={"prompt_tokens", "completion_tokens", "total_tokens",
+                                        "prompt_tokens_details"})
+    return {"input_tokens": counted.prompt_tokens, "output_tokens": counted.completion_tokens,
+            "total_tokens": counted.total_tokens,
+            "input_tokens_details": {"cached_tokens": counted.prompt_tokens_details.cached_tokens},
+            "output_tokens_details": {"reasoning_tokens": 0}, **extra}

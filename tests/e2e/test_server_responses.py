@@ -1,0 +1,202 @@
+"""OpenAI's Responses API (`POST /v1/responses`) with the official `openai` client, on a tiny random Llama whose chat
+template teaches Hermes' <tool_call> format: a reply is the chat endpoint's for the same conversation (text, usage,
+forced calls, a JSON schema), for every served drafter, whole and streamed; a reply that ends is complete and one
+the token cap cuts incomplete; a conversation's calls and their outputs reach the template as chat's do; text and
+calls come out as items in the order the model wrote them; and what the server does not implement is a 400 naming
+the field."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from specdecode.core.target import Target
+from specdecode.server.responses import ResponsesRequest, ResponseWriter
+from specdecode.server.scheduler import Finished, RequestStats, TextDelta
+from specdecode.server.tools import HERMES, Reading
+from tests.e2e.server_util import MODEL, serving, tiny_service
+from tests.tiny import TOOL_TEMPLATE, byte_tokenizer
+
+ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                                    "b": {"type": "integer"}},
+                                     "required": ["a", "b"], "additionalProperties": False}}
+ASK = "What is 1 + 2?"
+RULES = "Answer in one word."
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model) -> Target:
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = TOOL_TEMPLATE
+    return Target(tiny_model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(target):
+    with serving(tiny_service(target)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def chat(client, **request):
+    return client.chat.completions.create(model=MODEL, temperature=0, messages=[
+        {"role": "system", "content": RULES}, {"role": "user", "content": ASK}], **request)
+
+
+def streamed(client, **request) -> tuple[str, list, object]:
+    """The stream's text deltas joined, its event types in order, and its final response (the last event's:
+    `response.completed`, or `response.incomplete`, which the SDK's get_final_response() does not read)."""
+    deltas, kinds = [], []
+    stream = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, stream=True, **request)
+    for event in stream:
+        kinds.append(event.type)
+        deltas += [event.delta] if event.type == "response.output_text.delta" else []
+    return "".join(deltas), kinds, event.response
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup", "layer-skip"])
+def test_a_reply_is_the_chat_endpoints_whole_and_streamed(client, drafter):
+    speculation = {"speculation": {"drafter": drafter}}
+    expected = chat(client, max_tokens=60, extra_body=speculation)
+    assert expected.choices[0].finish_reason == "stop"  # the tiny model writes its EOS early here
+    reply = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=60,
+                                    extra_body=speculation)
+    assert reply.output_text == expected.choices[0].message.content and reply.object == "response"
+    assert reply.usage.input_tokens == expected.usage.prompt_tokens
+    assert reply.usage.output_tokens == expected.usage.completion_tokens
+    assert (reply.status, reply.incomplete_details) == ("completed", None)
+    for cap, status in ((60, "completed"), (4, "incomplete")):
+        text, kinds, final = streamed(client, max_output_tokens=cap, extra_body=speculation)
+        assert text == final.output_text and final.status == status and final.usage.output_tokens <= cap
+        assert reply.output_text.startswith(text) and (cap == 4 or text == reply.output_text)
+        assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                             "response.content_part.added"]
+        assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                              f"response.{status}"]
+    cut = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=4)
+    assert (cut.status, cut.incomplete_details.reason, cut.usage.output_tokens) == ("incomplete", "max_output_tokens",
+                                                                                    4)
+    as_list = client.responses.create(model=MODEL, temperature=0, max_output_tokens=60, extra_body=speculation,
+                                      input=[{"role": "system", "content": RULES},
+                                             {"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": ASK}]}])
+    assert as_list.output_text == reply.output_text
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "add"}])
+def test_a_forced_call_is_the_chat_endpoints_call(client, choice):
+    tools = [{"type": "function", "function": ADD}]
+    chat_choice = choice if isinstance(choice, str) else {"type": "function", "function": {"name": "add"}}
+    expected = chat(client, max_tokens=200, tools=tools, tool_choice=chat_choice,
+                    parallel_tool_calls=False).choices[0].message.tool_calls
+    reply = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=200,
+                                    tools=[{"type": "function", **ADD}], tool_choice=choice, parallel_tool_calls=False)
+    calls = [(item.name, item.arguments) for item in reply.output]
+    assert [item.type for item in reply.output] == ["function_call"] * len(expected)
+    assert calls == [(call.function.name, call.function.arguments) for call in expected]
+    assert all(item.call_id.startswith("call_") for item in reply.output) and reply.status == "completed"
+    _, kinds, final = streamed(client, max_output_tokens=200, tools=[{"type": "function", **ADD}], tool_choice=choice,
+                               parallel_tool_calls=False)
+    assert [(item.name, item.arguments) for item in final.output] == calls
+    assert kinds.count("response.function_call_arguments.done") == len(calls)
+
+
+def test_a_json_schema_format_is_the_chat_endpoints_response_format(client):
+    schema = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}}, "required": ["word"],
+              "additionalProperties": False}
+    expected = chat(client, max_tokens=60, response_format={"type": "json_schema", "json_schema": {
+        "name": "answer", "schema": schema}})
+    reply = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=60,
+                                    text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    assert reply.output_text == expected.choices[0].message.content and "word" in json.loads(reply.output_text)
+
+
+def test_a_conversations_calls_and_outputs_reach_the_template(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    expected = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=4, tools=[{"type": "function", "function": ADD}], messages=[
+            {"role": "user", "content": ASK}, {"role": "assistant", "content": "Adding.", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "3"}])
+    reply = client.responses.create(model=MODEL, temperature=0, max_output_tokens=4,
+                                    tools=[{"type": "function", **ADD}], input=[
+        {"role": "user", "content": ASK}, {"role": "assistant", "content": "Adding."},
+        {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "3"}])
+    assert reply.usage.input_tokens == expected.usage.prompt_tokens
+    assert reply.output_text == expected.choices[0].message.content
+
+
+class _Ticket:
+    """A ticket that posts the given events (the writer reads nothing else of it)."""
+
+    def __init__(self, events):
+        self.events = list(events)
+
+    async def next(self):
+        return self.events.pop(0)
+
+    def cancel(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("size", [7, 1000])  # the text in pieces of 7 characters, or in one step
+def test_text_and_calls_come_out_as_items_in_the_models_order(size):
+    text = 'Adding. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> Done.'
+    stats = RequestStats(30, 20, 20, 1.0, 0.0, "none")
+    pieces = [text[i:i + size] for i in range(0, len(text), size)]
+    events = [*(TextDelta(piece, (0,)) for piece in pieces), Finished("stop", stats)]
+    req = ResponsesRequest.model_validate({"model": MODEL, "input": ASK})
+    reading = Reading(HERMES, frozenset({"add"}))
+    whole = asyncio.run(ResponseWriter(MODEL, req, reading).whole(_Ticket(events)))
+    shape = [(item["type"], item.get("content", [{}])[0].get("text"), item.get("arguments")) for item in
+             whole["output"]]
+    assert shape == [("message", "Adding.", None), ("function_call", None, '{"a": 1, "b": 2}'),
+                     ("message", " Done.", None)]
+
+    async def stream() -> list[dict]:
+        return [json.loads(body.split("data: ", 1)[1]) async for body in
+                ResponseWriter(MODEL, req, reading).events(_Ticket(events))]
+    bodies = asyncio.run(stream())
+    assert [body["sequence_number"] for body in bodies] == list(range(len(bodies)))
+    final = bodies[-1]["response"]
+    assert bodies[-1]["type"] == "response.completed"
+    assert [(item["type"], item.get("content", [{}])[0].get("text"), item.get("arguments"))
+            for item in final["output"]] == shape
+    done = [body["item"]["type"] for body in bodies if body["type"] == "response.output_item.done"]
+    assert done == ["message", "function_call", "message"]
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"background": True}, "background"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+    ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.content"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "add"}]}, "input.0.arguments"),
+    ({"input": []}, "input"),
+    ({"tools": [{"type": "function", "name": "a b"}]}, "tools.0.name"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"max_output_tokens": 10 ** 6}, "max_output_tokens"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nope"}}}}, "text.format"),
+    ({"text": {"verbosity": "high"}}, "text.verbosity"),
+    ({"speculation": {"drafter": "nope"}}, "speculation.drafter"),
+    ({"speculation": {"trace": True}, "stream": True}, "speculation.trace"),
+])
+def test_what_the_server_does_not_implement_is_a_400_naming_the_field(server, fields, param):
+    reply = httpx.post(server.url + "/v1/responses", json={"model": MODEL, "input": ASK, **fields})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and "\n" not in error["message"] and "max_completion_tokens" not in error["message"]
