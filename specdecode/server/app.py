@@ -408,11 +408,12 @@ async def _respond(service: Service, request: Request) -> Response:
         chat = req.chat()
         shape = await asyncio.to_thread(_output_shape, service, chat)
         (ids,) = await asyncio.to_thread(_encode, service, chat, shape.tools)
-        job = _job(service, chat, ids, shape)
+        ticket = Ticket(_job(service, chat, ids, shape), asyncio.get_running_loop())
+        _submit(service, [ticket])
+    except ValidationError as error:  # the chat request the items make (each item was read already)
+        raise responses_error(from_validation(error)) from None
     except APIError as error:
         raise responses_error(error) from None
-    ticket = Ticket(job, asyncio.get_running_loop())
-    _submit(service, [ticket])
     writer = ResponseWriter(service.config.model_name, req, shape.tools.reading)
     if req.stream:
         return StreamingResponse(writer.events(ticket), media_type="text/event-stream",

@@ -200,7 +200,8 @@ class ResponsesRequest(s.ModelRequest):
 
 
 # the chat request's fields as the Responses request names them, for a 400 about one of them
-_PARAMS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
+           "response_format": "text.format", "messages": "input"}
 
 
 def responses_error(error: APIError) -> APIError:
@@ -218,8 +219,8 @@ def responses_error(error: APIError) -> APIError:
     else:
         return error
     message = error.message
-    for chat_name, own in _PARAMS.items():
-        message = message.replace(chat_name, own) if chat_name != "messages" else message
+    for chat_name in ("max_completion_tokens", "response_format"):
+        message = message.replace(chat_name, _PARAMS[chat_name])
     return dataclasses.replace(error, param=named, message=message)
 
 
