@@ -44,6 +44,7 @@ class StopText:
         self.kept = tuple(s for s in after if s)
         self.stops = tuple(s for s in stop_strings if s) + self.kept
         self.pending = ""
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push_after(self, tokens: list[int], before: int, least: int, final: bool) -> tuple[str, bool]:
         """push() for tokens that follow `before` generated ones: those among the first `least` (vLLM's
@@ -68,7 +69,7 @@ class StopText:
         found = [(self.pending.find(s), s) for s in self.stops if s in self.pending] if look else []
         if found:
             cut, stop = min(found, key=lambda at: at[0])
-            out, self.pending = self.pending[:cut + (len(stop) if stop in self.kept else 0)], ""
+            out, self.pending, self.matched = self.pending[:cut + (len(stop) if stop in self.kept else 0)], "", stop
             return out, True
         hold = 0 if final else max((len(s) - 1 for s in self.stops), default=0)
         hold = min(hold, len(self.pending))

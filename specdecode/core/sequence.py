@@ -41,6 +41,16 @@ class Sequence:
         return self.finish_reason is not None
 
     @property
+    def stop_reason(self) -> str | int | None:
+        """What ended the output, as vLLM reports it: the stop string, or the stop token (one of stop_token_ids);
+        None for EOS, the length budget and a finished grammar."""
+        if self.finish_reason == "stop" and self.text is not None and self.text.matched is not None:
+            return self.text.matched
+        if self.finish_reason == "eos" and self.output_ids and self.output_ids[-1] in self.generation.stop_token_ids:
+            return self.output_ids[-1]
+        return None
+
+    @property
     def prefilling(self) -> bool:
         return not self.ready
 

@@ -60,9 +60,9 @@ class Reply:
             message = s.AssistantMessage(content=content, tool_calls=[call.reply() for call in calls] or None)
             return s.ChatChoice(index=self.index, message=message,
                                 finish_reason=_finish(event.finish_reason, bool(calls)),
-                                logprobs=self._chat_logprobs(logprobs))
+                                logprobs=self._chat_logprobs(logprobs), stop_reason=event.stop_reason)
         return s.CompletionChoice(index=self.index, text=text, finish_reason=event.finish_reason,
-                                  logprobs=self._completion_logprobs(logprobs, lead))
+                                  logprobs=self._completion_logprobs(logprobs, lead), stop_reason=event.stop_reason)
 
     def whole(self, choices: Sequence[s.ChatChoice | s.CompletionChoice], usage: s.Usage) -> dict:
         if self.chat:
@@ -70,15 +70,16 @@ class Reply:
         return _dump(s.Completion(**self._head(), choices=list(choices), usage=usage))
 
     def chunk(self, text: str, finish_reason: str | None = None, role: str | None = None,
-              logprobs=None, lead: int | None = None, call: s.CallDelta | None = None) -> dict:
+              logprobs=None, lead: int | None = None, call: s.CallDelta | None = None,
+              stop_reason: str | int | None = None) -> dict:
         if self.chat:
             delta = s.Delta(role=role, content=None if call else text if role is None else "",
                             tool_calls=[call] if call else None)
             choice = s.ChatChunkChoice(index=self.index, delta=delta, finish_reason=finish_reason,
-                                       logprobs=self._chat_logprobs(logprobs))
+                                       logprobs=self._chat_logprobs(logprobs), stop_reason=stop_reason)
             return _dump(s.ChatCompletionChunk(**self._head(), choices=[choice]))
         choice = s.CompletionChoice(index=self.index, text=text, finish_reason=finish_reason,
-                                    logprobs=self._completion_logprobs(logprobs, lead))
+                                    logprobs=self._completion_logprobs(logprobs, lead), stop_reason=stop_reason)
         return _dump(s.Completion(**self._head(), choices=[choice]))
 
     def pieces(self, event: TextDelta) -> list[dict]:
@@ -92,7 +93,8 @@ class Reply:
         """The last chunks: what a tool-call reader held, then the finish reason."""
         held = self._read(self.reader.close(), None) if self.reader is not None else []
         made = self.reader is not None and self.reader.calls > 0
-        return [*held, self.chunk(text="", finish_reason=_finish(event.finish_reason, made))]
+        return [*held, self.chunk(text="", finish_reason=_finish(event.finish_reason, made),
+                                  stop_reason=event.stop_reason)]
 
     def _read(self, pieces: list[str | Call], logprobs) -> list[dict]:
         assert self.reader is not None
@@ -239,11 +241,14 @@ def data(payload: dict) -> str:
 
 
 def _dump(model: BaseModel) -> dict:
-    """The body, less a usage or a message's tool calls that are not there (OpenAI leaves them out)."""
+    """The body, less a usage or a message's tool calls that are not there (OpenAI leaves them out), and a
+    stop_reason only where a stop string or token ended the text (vLLM's field; the bytes are OpenAI's otherwise)."""
     body = model.model_dump()
     if body.get("usage") is None:
         body.pop("usage", None)
     for choice in body["choices"]:
+        if choice.get("stop_reason", 0) is None:
+            del choice["stop_reason"]
         message = choice.get("message") or choice.get("delta") or {}
         if "tool_calls" in message and message["tool_calls"] is None:
             del message["tool_calls"]

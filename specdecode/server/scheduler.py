@@ -141,6 +141,7 @@ class RequestStats:
 class Finished:
     finish_reason: str  # OpenAI's: "stop" | "length"
     stats: RequestStats
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token that ended it (Sequence.stop_reason)
 
 
 @dataclass(frozen=True)
@@ -624,7 +625,7 @@ class Scheduler:
             self.metrics.acceptance.observe(stats.acceptance_rate)
         if slot.first_token_at is not None and stats.completion_tokens > 1:
             self.metrics.tpot.observe((time.perf_counter() - slot.first_token_at) / (stats.completion_tokens - 1))
-        slot.ticket.post(Finished("length" if reason == "length" else "stop", stats))
+        slot.ticket.post(Finished("length" if reason == "length" else "stop", stats, slot.seq.stop_reason))
 
     def _fail_with(self, slot: _Slot, error: Exception) -> None:
         """A row's generation raised: the request's structure that this model cannot follow is the client's

@@ -413,6 +413,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended the text
 
 
 class Completion(BaseModel):
@@ -446,6 +447,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended the text
 
 
 class ChatCompletion(BaseModel):
@@ -474,6 +476,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended the text
 
 
 class ChatCompletionChunk(BaseModel):

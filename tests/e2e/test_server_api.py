@@ -126,9 +126,14 @@ def test_completion_stream_and_stop_string(tiny_target, client):
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks) == expected.text
     assert chunks[-1].choices[0].finish_reason == "stop"
-    kept = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+    assert chunks[-1].choices[0].stop_reason == stop  # vLLM's: which stop ended it
+    assert all("stop_reason" not in c.choices[0].model_extra for c in chunks[:-1])  # absent until then
+    kept = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop, "\x00"],
                                      extra_body={"include_stop_str_in_output": True})  # vLLM's: the stop string kept
     assert kept.choices[0].text == expected.text + stop and kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].stop_reason == stop
+    assert "stop_reason" not in client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                          temperature=0).choices[0].model_extra
 
 
 def test_stop_token_ids_end_the_text_like_eos(tiny_target, client):
@@ -141,6 +146,7 @@ def test_stop_token_ids_end_the_text_like_eos(tiny_target, client):
                                       extra_body={"stop_token_ids": [full[at]], "ignore_eos": True})
     first = full.index(full[at])
     assert ended.usage.completion_tokens == first + 1 and ended.choices[0].finish_reason == "stop"
+    assert ended.choices[0].stop_reason == full[at]
     assert ended.choices[0].text == tiny_target.tokenizer.decode(full[: first + 1], skip_special_tokens=True)
     # vLLM's min_tokens: no end before it; speculation on or off (k 0), the same text
     held = [client.completions.create(model=MODEL, prompt=ids, max_tokens=24, temperature=0, extra_body={
