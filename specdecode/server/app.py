@@ -37,6 +37,14 @@ from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
+from specdecode.server.messages import (
+    BLOCKS,
+    CountTokensRequest,
+    MessagesRequest,
+    MessageWriter,
+    OutputConfig,
+    messages_error,
+)
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
@@ -195,6 +203,14 @@ def create_app(service: Service) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await _counted(service, "responses", _respond(service, request))
 
+    @app.post("/v1/messages", dependencies=v1, openapi_extra=_json_body(MessagesRequest))
+    async def messages(request: Request) -> Response:
+        return await _counted(service, "messages", _message(service, request))
+
+    @app.post("/v1/messages/count_tokens", dependencies=v1, openapi_extra=_json_body(CountTokensRequest))
+    async def count_tokens(request: Request) -> Response:
+        return await _counted(service, "count_tokens", _count_tokens(service, request))
+
     @app.post("/tokenize", dependencies=v1, openapi_extra=_json_body(s.TokenizeRequest))
     async def tokenize(request: Request) -> Response:
         return await _counted(service, "tokenize", _tokenize(service, request))
@@ -221,15 +237,17 @@ def create_app(service: Service) -> FastAPI:
 
 
 def _authorizer(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A dependency that refuses a request without `Authorization: Bearer <api_key>` (none when no key is set).
-    The comparison takes the same time wherever the tokens differ."""
+    """A dependency that refuses a request without `Authorization: Bearer <api_key>`, or Anthropic's `x-api-key:
+    <api_key>` (none when no key is set). The comparison takes the same time wherever the tokens differ."""
     expected = None if api_key is None else api_key.encode()
 
     async def authorize(request: Request) -> None:
         if expected is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected):
+        bearer = scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), expected)
+        anthropic = secrets.compare_digest(request.headers.get("x-api-key", "").strip().encode(), expected)
+        if not (bearer or anthropic):
             raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
@@ -268,7 +286,7 @@ def _openapi(app: FastAPI, service: Service) -> dict:
                 statuses = dict(_ERRORS.get(method, {}))
                 if method == "get" and "{" not in path:
                     statuses.pop(404)
-                if path in ("/tokenize", "/detokenize"):  # no queue
+                if path in ("/tokenize", "/detokenize", "/v1/messages/count_tokens"):  # no queue
                     statuses.pop(429)
                 if service.config.api_key is None:
                     statuses.pop(401)
@@ -282,14 +300,19 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     """The request models' JSON schemas, narrowed to what this server accepts (anything else is a 4xx): its model
     name and drafters, max_tokens within the context, at most 4 stop strings, unimplemented fields only at their
     neutral values. Schema-driven clients and fuzzers then know which requests decode."""
-    bodies = (s.CompletionRequest, s.ChatCompletionRequest, s.TokenizeRequest, s.DetokenizeRequest, ResponsesRequest)
-    _, defs = models_json_schema([(body, "validation") for body in (*bodies, *INPUT_ITEMS)],
+    bodies = (s.CompletionRequest, s.ChatCompletionRequest, s.TokenizeRequest, s.DetokenizeRequest, ResponsesRequest,
+              MessagesRequest, CountTokensRequest)
+    _, defs = models_json_schema([(body, "validation") for body in (*bodies, *INPUT_ITEMS, *BLOCKS)],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
+    blocks = {"anyOf": [{"$ref": f"#/components/schemas/{block.__name__}"} for block in BLOCKS]}
+    schemas["Message"]["properties"]["content"] = {  # read block by block (Message.blocks)
+        "anyOf": [{"type": "string"}, {"type": "array", "items": blocks}]}
     items = {"anyOf": [{"$ref": f"#/components/schemas/{item.__name__}"} for item in INPUT_ITEMS]}
     schemas["ResponsesRequest"]["properties"]["input"] = {  # read item by item (ResponsesRequest.items)
         "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": items, "minItems": 1}]}
-    for model in (s.CompletionRequest, s.ChatCompletionRequest, s.ChatMessage, ResponsesRequest, TextConfig):
+    for model in (s.CompletionRequest, s.ChatCompletionRequest, s.ChatMessage, ResponsesRequest, TextConfig,
+                  MessagesRequest, OutputConfig):
         properties = schemas[model.__name__]["properties"]
         for name, values in model.accepted_values().items():
             properties[name] = {"enum": [None, *values]}
@@ -315,8 +338,10 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     if service.tool_format is None:  # a template that shows no calling format: tools are a 400
         schemas["ChatCompletionRequest"]["properties"]["tool_choice"] = {"enum": [None, "none", "auto"]}
         schemas["ResponsesRequest"]["properties"]["tool_choice"] = {"enum": [None, "none", "auto"]}
+        schemas["ToolChoice"]["properties"]["type"] = {"enum": ["auto", "none"]}
         for name, field in (("ChatCompletionRequest", "tools"), ("TokenizeRequest", "tools"),
-                            ("ChatMessage", "tool_calls"), ("ResponsesRequest", "tools")):
+                            ("ChatMessage", "tool_calls"), ("ResponsesRequest", "tools"), ("MessagesRequest", "tools"),
+                            ("CountTokensRequest", "tools")):
             schemas[name]["properties"][field] = {"enum": [None, []]}
     schemas["DetokenizeRequest"]["properties"]["tokens"] = {
         "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": service.target.vocab_size - 1}}
@@ -424,6 +449,47 @@ async def _respond(service: Service, request: Request) -> Response:
     finally:
         watcher.cancel()
         ticket.cancel()
+
+
+async def _message(service: Service, request: Request) -> Response:
+    """Anthropic's Messages API: the request as a chat request of one choice, written as an Anthropic message
+    (server/messages.py); a 400 names the field as the Messages request does."""
+    req = await _body(service, request, MessagesRequest)
+    try:
+        chat = req.chat()
+        shape = await asyncio.to_thread(_output_shape, service, chat)
+        (ids,) = await asyncio.to_thread(_encode, service, chat, shape.tools)
+        ticket = Ticket(_job(service, chat, ids, shape), asyncio.get_running_loop())
+        _submit(service, [ticket])
+    except ValidationError as error:  # the chat request the messages make (each block was read already)
+        raise messages_error(from_validation(error)) from None
+    except APIError as error:
+        raise messages_error(error) from None
+    writer = MessageWriter(service.config.model_name, req, shape.tools.reading, len(ids))
+    if req.stream:
+        return StreamingResponse(writer.events(ticket), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    watcher = asyncio.create_task(_watch_disconnect(request, [ticket]))
+    try:
+        return JSONResponse(await writer.whole(ticket))
+    finally:
+        watcher.cancel()
+        ticket.cancel()
+
+
+async def _count_tokens(service: Service, request: Request) -> Response:
+    """Anthropic's count_tokens: the prompt tokens a Messages request with these messages, system and tools comes
+    to, as /v1/messages would encode it."""
+    req = await _body(service, request, CountTokensRequest)
+    try:
+        chat = req.request().chat()
+        shape = await asyncio.to_thread(_output_shape, service, chat)
+        (ids,) = await asyncio.to_thread(_encode, service, chat, shape.tools)
+    except ValidationError as error:
+        raise messages_error(from_validation(error)) from None
+    except APIError as error:
+        raise messages_error(error) from None
+    return JSONResponse({"input_tokens": len(ids)})
 
 
 async def _tokenize(service: Service, request: Request) -> Response:

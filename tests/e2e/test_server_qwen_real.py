@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import anthropic
 import openai
 import pytest
 
@@ -105,3 +106,15 @@ def test_the_responses_api_reads_the_same_call(client):
                                     temperature=0)
     calls = [(item.name, json.loads(item.arguments)) for item in reply.output if item.type == "function_call"]
     assert calls and calls[0][0] == "get_weather" and calls[0][1]["city"] == "Paris" and reply.status == "completed"
+
+
+def test_the_messages_api_reads_the_same_call(client):
+    """Through Anthropic's /v1/messages (tools with an input_schema), the 1.5B's call comes out as a tool_use block."""
+    messages = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"), api_key="unused", max_retries=0,
+                                   timeout=300)
+    tools = [{"name": tool["function"]["name"], "description": tool["function"]["description"],
+              "input_schema": tool["function"]["parameters"]} for tool in TOOLS]
+    reply = messages.messages.create(model="qwen", max_tokens=64, messages=ASK, tools=tools,
+                                     extra_body={"temperature": 0})
+    uses = [(block.name, block.input) for block in reply.content if block.type == "tool_use"]
+    assert uses and uses[0][0] == "get_weather" and uses[0][1]["city"] == "Paris" and reply.stop_reason == "tool_use"
