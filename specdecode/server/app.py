@@ -36,6 +36,7 @@ from specdecode.drafters import suffix_of
 from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
+from specdecode.server.as_chat import AsChat
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.messages import (
     BLOCKS,
@@ -426,47 +427,42 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
 
 
 async def _respond(service: Service, request: Request) -> Response:
-    """OpenAI's Responses API: the request as a chat request of one choice, written as a Responses object
-    (server/responses.py); a 400 names the field as the Responses request does."""
+    """OpenAI's Responses API, written as a Responses object (server/responses.py)."""
     req = await _body(service, request, ResponsesRequest)
-    try:
-        chat = req.chat()
-        shape = await asyncio.to_thread(_output_shape, service, chat)
-        (ids,) = await asyncio.to_thread(_encode, service, chat, shape.tools)
-        ticket = Ticket(_job(service, chat, ids, shape), asyncio.get_running_loop())
-        _submit(service, [ticket])
-    except ValidationError as error:  # the chat request the items make (each item was read already)
-        raise responses_error(from_validation(error)) from None
-    except APIError as error:
-        raise responses_error(error) from None
-    writer = ResponseWriter(service.config.model_name, req, shape.tools.reading)
-    if req.stream:
-        return StreamingResponse(writer.events(ticket), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    watcher = asyncio.create_task(_watch_disconnect(request, [ticket]))
-    try:
-        return JSONResponse(await writer.whole(ticket))
-    finally:
-        watcher.cancel()
-        ticket.cancel()
+    ticket, shape, _ = await _as_chat(service, req, responses_error)
+    return await _answer(request, ticket, ResponseWriter(service.config.model_name, req, shape.tools.reading),
+                         bool(req.stream))
 
 
 async def _message(service: Service, request: Request) -> Response:
-    """Anthropic's Messages API: the request as a chat request of one choice, written as an Anthropic message
-    (server/messages.py); a 400 names the field as the Messages request does."""
+    """Anthropic's Messages API, written as an Anthropic message (server/messages.py)."""
     req = await _body(service, request, MessagesRequest)
+    ticket, shape, prompt_tokens = await _as_chat(service, req, messages_error)
+    writer = MessageWriter(service.config.model_name, req, shape.tools.reading, prompt_tokens)
+    return await _answer(request, ticket, writer, bool(req.stream))
+
+
+async def _as_chat(service: Service, req: AsChat,
+                   named: Callable[[APIError], APIError]) -> tuple[Ticket, _OutputShape, int]:
+    """Another API's request decoded as the chat request it amounts to, one choice, queued: its ticket, output shape
+    and prompt tokens. A 400 names the field as that API's request does (`named`)."""
     try:
         chat = req.chat()
         shape = await asyncio.to_thread(_output_shape, service, chat)
         (ids,) = await asyncio.to_thread(_encode, service, chat, shape.tools)
         ticket = Ticket(_job(service, chat, ids, shape), asyncio.get_running_loop())
         _submit(service, [ticket])
-    except ValidationError as error:  # the chat request the messages make (each block was read already)
-        raise messages_error(from_validation(error)) from None
+    except ValidationError as error:  # the chat request the parts make (each part was read already)
+        raise named(from_validation(error)) from None
     except APIError as error:
-        raise messages_error(error) from None
-    writer = MessageWriter(service.config.model_name, req, shape.tools.reading, len(ids))
-    if req.stream:
+        raise named(error) from None
+    return ticket, shape, len(ids)
+
+
+async def _answer(request: Request, ticket: Ticket, writer: ResponseWriter | MessageWriter, stream: bool) -> Response:
+    """The writer's stream of events, or its whole body once the ticket has finished (a client that leaves frees
+    the row)."""
+    if stream:
         return StreamingResponse(writer.events(ticket), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_watch_disconnect(request, [ticket]))

@@ -16,10 +16,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from specdecode.server import schemas as s
-from specdecode.server.errors import APIError, from_validation, shown
+from specdecode.server.as_chat import AsChat, read_part, usage_extensions
+from specdecode.server.errors import APIError, shown
 from specdecode.server.replies import collect, usage
 from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
 from specdecode.server.tools import Call, CallReader, Reading
@@ -95,22 +96,18 @@ class OutputConfig(s.RequestBody):
     NEUTRAL: ClassVar[dict[str, tuple]] = {"effort": ()}
 
 
-class MessagesRequest(s.ModelRequest):
+class MessagesRequest(AsChat):
     max_tokens: int = Field(ge=1)
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     stream: bool | None = False
     output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None  # a user id for abuse tracking: not read here
-    # extensions, as on the chat endpoint
-    speculation: s.SpeculationOptions | None = None
-    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
     # not implemented: accepted only at their neutral values
     thinking: Any = None
     container: Any = None
@@ -119,9 +116,6 @@ class MessagesRequest(s.ModelRequest):
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
-        if self.speculation is not None and self.speculation.trace:
-            problems.append(("speculation.trace", "speculation.trace rides on chat and completion chunks; it is not "
-                                                  "supported here"))
         if self.output_config is not None:
             problems += [(f"output_config.{param}", text) for param, text in self.output_config.unsupported()]
         return problems
@@ -185,13 +179,7 @@ def _block(raw: dict[str, Any], where: str) -> Block:
     if not isinstance(kind, str) or kind not in _BLOCKS:
         raise APIError(400, f"content blocks of type {shown(kind)} are not supported here (text, tool_use and "
                             "tool_result are)", param=f"{where}.type", code="unsupported")
-    try:
-        return _BLOCKS[kind].model_validate(raw)  # type: ignore[return-value]
-    except ValidationError as error:
-        inner = from_validation(error)
-        param = ".".join(filter(None, (where, inner.param)))
-        message = inner.message.replace(repr(inner.param), repr(param)) if inner.param else inner.message
-        raise APIError(400, message, param=param, code=inner.code) from None
+    return read_part(_BLOCKS[kind], raw, where)  # type: ignore[return-value]
 
 
 class CountTokensRequest(s.ModelRequest):
@@ -329,8 +317,6 @@ def _event(kind: str, **fields) -> str:
 def _usage(event: Finished) -> dict:
     """Anthropic's usage, with the chat endpoint's extensions (tau, target passes, ...)."""
     counted = usage([event.stats])
-    extra = counted.model_dump(exclude={"prompt_tokens", "completion_tokens", "total_tokens",
-                                        "prompt_tokens_details"})
     cached = counted.prompt_tokens_details.cached_tokens  # Anthropic counts them apart from input_tokens
     return {"input_tokens": counted.prompt_tokens - cached, "output_tokens": counted.completion_tokens,
-            "cache_read_input_tokens": cached, **extra}
+            "cache_read_input_tokens": cached, **usage_extensions(counted)}

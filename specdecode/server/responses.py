@@ -18,10 +18,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from specdecode.server import schemas as s
-from specdecode.server.errors import APIError, from_validation, shown
+from specdecode.server.as_chat import AsChat, read_part, usage_extensions
+from specdecode.server.errors import APIError, shown
 from specdecode.server.replies import collect, usage
 from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
 from specdecode.server.tools import Call, CallReader, Reading
@@ -94,7 +95,7 @@ _ITEMS: dict[str | None, type[s.RequestBody]] = {None: InputMessage, "message": 
                                                  "function_call_output": FunctionCallOutput}
 
 
-class ResponsesRequest(s.ModelRequest):
+class ResponsesRequest(AsChat):
     input: str | list[dict[str, Any]]  # a text, or items: read by items(), each 400 naming its place
     instructions: str | None = None
     max_output_tokens: int | None = None
@@ -107,10 +108,6 @@ class ResponsesRequest(s.ModelRequest):
     stream: bool | None = False
     store: bool | None = None  # accepted; a response is not kept (answered `store: false`)
     metadata: dict[str, str] | None = None  # returned with the response
-    # extensions, as on the chat endpoint
-    speculation: s.SpeculationOptions | None = None
-    seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 64)
-    top_k: int | None = Field(default=None, ge=0)
     # not implemented: accepted only at their neutral values
     previous_response_id: Any = None
     conversation: Any = None
@@ -127,9 +124,6 @@ class ResponsesRequest(s.ModelRequest):
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
-        if self.speculation is not None and self.speculation.trace:
-            problems.append(("speculation.trace", "speculation.trace rides on chat and completion chunks; it is not "
-                                                  "supported here"))
         if self.text is not None:
             problems += [(f"text.{param}", message) for param, message in self.text.unsupported()]
         return problems
@@ -177,13 +171,7 @@ class ResponsesRequest(s.ModelRequest):
                 raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, "
                                     "function_call and function_call_output are)", param=f"input.{i}.type",
                                code="unsupported")
-            try:
-                items.append(_ITEMS[kind].model_validate(raw))
-            except ValidationError as error:
-                inner = from_validation(error)
-                param = ".".join(filter(None, (f"input.{i}", inner.param)))
-                message = inner.message.replace(repr(inner.param), repr(param)) if inner.param else inner.message
-                raise APIError(400, message, param=param, code=inner.code) from None
+            items.append(read_part(_ITEMS[kind], raw, f"input.{i}"))
         return items  # type: ignore[return-value]
 
     def _format(self) -> s.ResponseFormat | None:
@@ -377,9 +365,7 @@ def _call_item(call: Call, status: str) -> dict:
 def _usage(event: Finished) -> dict:
     """Responses' usage, with the chat endpoint's extensions (tau, target passes, ...)."""
     counted = usage([event.stats])
-    extra = counted.model_dump(exclude={"prompt_tokens", "completion_tokens", "total_tokens",
-                                        "prompt_tokens_details"})
     return {"input_tokens": counted.prompt_tokens, "output_tokens": counted.completion_tokens,
             "total_tokens": counted.total_tokens,
             "input_tokens_details": {"cached_tokens": counted.prompt_tokens_details.cached_tokens},
-            "output_tokens_details": {"reasoning_tokens": 0}, **extra}
+            "output_tokens_details": {"reasoning_tokens": 0}, **usage_extensions(counted)}

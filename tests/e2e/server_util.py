@@ -114,3 +114,16 @@ def wait_idle(server, timeout: float = 5.0) -> dict:
         assert time.monotonic() < deadline, f"server still busy: {state}"
         time.sleep(0.02)
     return state
+
+
+class ScriptedTicket:
+    """A scheduler ticket that posts the given events, for testing what a writer makes of them."""
+
+    def __init__(self, events):
+        self.events = list(events)
+
+    async def next(self):
+        return self.events.pop(0)
+
+    def cancel(self) -> None:
+        pass

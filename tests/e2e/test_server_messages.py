@@ -18,7 +18,7 @@ from specdecode.core.target import Target
 from specdecode.server.messages import MessagesRequest, MessageWriter
 from specdecode.server.scheduler import Finished, RequestStats, TextDelta
 from specdecode.server.tools import HERMES, Reading
-from tests.e2e.server_util import MODEL, serving, tiny_service
+from tests.e2e.server_util import MODEL, ScriptedTicket, serving, tiny_service
 from tests.tiny import TOOL_TEMPLATE, byte_tokenizer
 
 KEY = "sk-test"
@@ -147,17 +147,6 @@ def test_a_conversations_tool_uses_and_results_reach_the_template(client, chat_c
     assert counted.input_tokens == expected.usage.prompt_tokens
 
 
-class _Ticket:
-    def __init__(self, events):
-        self.events = list(events)
-
-    async def next(self):
-        return self.events.pop(0)
-
-    def cancel(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("size", [7, 1000])  # the text in pieces of 7 characters, or in one step
 def test_text_and_tool_uses_come_out_as_blocks_in_the_models_order(size):
     text = 'Adding. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> Done.'
@@ -166,14 +155,14 @@ def test_text_and_tool_uses_come_out_as_blocks_in_the_models_order(size):
     req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 20, "messages": [{"role": "user",
                                                                                          "content": ASK}]})
     reading = Reading(HERMES, frozenset({"add"}))
-    whole = asyncio.run(MessageWriter(MODEL, req, reading, 30).whole(_Ticket(events)))
+    whole = asyncio.run(MessageWriter(MODEL, req, reading, 30).whole(ScriptedTicket(events)))
     shape = [(block["type"], block.get("text"), block.get("input")) for block in whole["content"]]
     assert shape == [("text", "Adding.", None), ("tool_use", None, {"a": 1, "b": 2}), ("text", " Done.", None)]
     assert whole["stop_reason"] == "tool_use"
 
     async def stream() -> list[dict]:
         return [json.loads(body.split("data: ", 1)[1]) async for body in
-                MessageWriter(MODEL, req, reading, 30).events(_Ticket(events))]
+                MessageWriter(MODEL, req, reading, 30).events(ScriptedTicket(events))]
     bodies = asyncio.run(stream())
     starts = [(body["index"], body["content_block"]["type"]) for body in bodies
               if body["type"] == "content_block_start"]

@@ -17,7 +17,7 @@ from specdecode.core.target import Target
 from specdecode.server.responses import ResponsesRequest, ResponseWriter
 from specdecode.server.scheduler import Finished, RequestStats, TextDelta
 from specdecode.server.tools import HERMES, Reading
-from tests.e2e.server_util import MODEL, serving, tiny_service
+from tests.e2e.server_util import MODEL, ScriptedTicket, serving, tiny_service
 from tests.tiny import TOOL_TEMPLATE, byte_tokenizer
 
 ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
@@ -133,19 +133,6 @@ def test_a_conversations_calls_and_outputs_reach_the_template(client):
     assert reply.output_text == expected.choices[0].message.content
 
 
-class _Ticket:
-    """A ticket that posts the given events (the writer reads nothing else of it)."""
-
-    def __init__(self, events):
-        self.events = list(events)
-
-    async def next(self):
-        return self.events.pop(0)
-
-    def cancel(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("size", [7, 1000])  # the text in pieces of 7 characters, or in one step
 def test_text_and_calls_come_out_as_items_in_the_models_order(size):
     text = 'Adding. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> Done.'
@@ -154,7 +141,7 @@ def test_text_and_calls_come_out_as_items_in_the_models_order(size):
     events = [*(TextDelta(piece, (0,)) for piece in pieces), Finished("stop", stats)]
     req = ResponsesRequest.model_validate({"model": MODEL, "input": ASK})
     reading = Reading(HERMES, frozenset({"add"}))
-    whole = asyncio.run(ResponseWriter(MODEL, req, reading).whole(_Ticket(events)))
+    whole = asyncio.run(ResponseWriter(MODEL, req, reading).whole(ScriptedTicket(events)))
     shape = [(item["type"], item.get("content", [{}])[0].get("text"), item.get("arguments")) for item in
              whole["output"]]
     assert shape == [("message", "Adding.", None), ("function_call", None, '{"a": 1, "b": 2}'),
@@ -162,7 +149,7 @@ def test_text_and_calls_come_out_as_items_in_the_models_order(size):
 
     async def stream() -> list[dict]:
         return [json.loads(body.split("data: ", 1)[1]) async for body in
-                ResponseWriter(MODEL, req, reading).events(_Ticket(events))]
+                ResponseWriter(MODEL, req, reading).events(ScriptedTicket(events))]
     bodies = asyncio.run(stream())
     assert [body["sequence_number"] for body in bodies] == list(range(len(bodies)))
     final = bodies[-1]["response"]
