@@ -410,8 +410,9 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
     echoes = await asyncio.to_thread(_echoes, service, req, prompts)
     choices = _choices(jobs, echoes, n, asyncio.get_running_loop())
     _submit(service, [choice.ticket for choice in choices])
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     reply = Reply(service.config.model_name, chat, lambda token: _token_text(service, token),
-                  calls=shape.tools.reading)
+                  calls=shape.tools.reading, stops=frozenset([*stops, *(req.stop_token_ids or ())]))
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(sse(choices, reply, n, include_usage, trace), media_type="text/event-stream",

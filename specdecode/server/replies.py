@@ -39,16 +39,18 @@ class Reply:
     tool calls are read out of the text (a chat request offered tools), None: the text is content."""
 
     def __init__(self, model: str, chat: bool, token_text: Callable[[int], str], index: int = 0,
-                 id: str | None = None, created: int | None = None, calls: Reading | None = None):
+                 id: str | None = None, created: int | None = None, calls: Reading | None = None,
+                 stops: frozenset[str | int] = frozenset()):
         self.model, self.chat, self.token_text, self.index = model, chat, token_text, index
         self.id = id or ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time()) if created is None else created
         self.offset = 0  # characters of this choice's token text sent so far (completions' text_offset)
         self.calls = calls
+        self.stops = stops  # the request's stop strings and stop tokens: the stop reasons a choice may name
         self.reader = CallReader(calls) if calls is not None else None  # this choice's stream's calls
 
     def sibling(self, index: int) -> Reply:
-        return Reply(self.model, self.chat, self.token_text, index, self.id, self.created, self.calls)
+        return Reply(self.model, self.chat, self.token_text, index, self.id, self.created, self.calls, self.stops)
 
     def _head(self) -> dict:
         return {"id": self.id, "created": self.created, "model": self.model}
@@ -60,9 +62,10 @@ class Reply:
             message = s.AssistantMessage(content=content, tool_calls=[call.reply() for call in calls] or None)
             return s.ChatChoice(index=self.index, message=message,
                                 finish_reason=_finish(event.finish_reason, bool(calls)),
-                                logprobs=self._chat_logprobs(logprobs), stop_reason=event.stop_reason)
+                                logprobs=self._chat_logprobs(logprobs), stop_reason=self._told(event.stop_reason))
         return s.CompletionChoice(index=self.index, text=text, finish_reason=event.finish_reason,
-                                  logprobs=self._completion_logprobs(logprobs, lead), stop_reason=event.stop_reason)
+                                  logprobs=self._completion_logprobs(logprobs, lead),
+                                  stop_reason=self._told(event.stop_reason))
 
     def whole(self, choices: Sequence[s.ChatChoice | s.CompletionChoice], usage: s.Usage) -> dict:
         if self.chat:
@@ -94,7 +97,7 @@ class Reply:
         held = self._read(self.reader.close(), None) if self.reader is not None else []
         made = self.reader is not None and self.reader.calls > 0
         return [*held, self.chunk(text="", finish_reason=_finish(event.finish_reason, made),
-                                  stop_reason=event.stop_reason)]
+                                  stop_reason=self._told(event.stop_reason))]
 
     def _read(self, pieces: list[str | Call], logprobs) -> list[dict]:
         assert self.reader is not None
@@ -126,6 +129,11 @@ class Reply:
         trace = s.SpeculationTrace(k=step.k, drafted=step.depth, accepted=step.accepted, tokens=tokens)
         body["speculation"] = trace.model_dump(exclude_none=True)
         return [body, *calls]
+
+    def _told(self, reason: str | int | None) -> str | int | None:
+        """vLLM's stop_reason where it is one the request gave (not one of the server's own: a tool call's end, a
+        filled middle's end tokens)."""
+        return reason if reason in self.stops else None
 
     def _chat_logprobs(self, entries) -> s.ChatLogprobs | None:
         return None if entries is None else chat_logprobs(entries, self.token_text)

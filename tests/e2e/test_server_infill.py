@@ -71,6 +71,7 @@ def test_the_middle_ends_at_the_formats_end_tokens(client, target):
                                           logit_bias={str(end): 100})
         assert (reply.choices[0].text, reply.choices[0].finish_reason) == ("", "stop")
         assert reply.usage.completion_tokens == 1
+        assert "stop_reason" not in reply.choices[0].model_extra  # the server's own end, not one the request gave
     # without a suffix the same tokens are plain tokens of a plain completion
     end = target.tokenizer.convert_tokens_to_ids("<|fim_pad|>")
     reply = client.completions.create(model=MODEL, prompt=PREFIX, max_tokens=3, temperature=0,

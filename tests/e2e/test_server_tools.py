@@ -142,6 +142,7 @@ def test_parallel_tool_calls_false_ends_the_reply_after_its_first_call(client):
                                                            "parallel_tool_calls": parallel})
         assert len(calls(reply.choices[0].message)) == expected
         assert reply.choices[0].message.content is None and reply.choices[0].finish_reason == "tool_calls"
+        assert "stop_reason" not in reply.choices[0].model_extra  # the call's end is the server's stop, not one asked
     one = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
                                          parallel_tool_calls=False, max_tokens=200, temperature=0)
     assert len(calls(one.choices[0].message)) == 1
