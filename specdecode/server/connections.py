@@ -19,6 +19,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from specdecode.errors import ConfigError
 
+# after an answer written here, the client's further bytes are read and dropped for at most this long before the
+# connection closes (lingering close, as nginx's lingering_close): closing with its bytes unread would reset the
+# connection, and a reset can discard the answer before the client reads it
+LINGER_S = 2.0
 STATUS_TEXT = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
                503: "Service Unavailable"}
 
@@ -72,6 +76,7 @@ class GuardedH11Protocol(H11Protocol):
         self._head_bytes = 0  # bytes of the head being received (0 between requests)
         self._tail = b""  # the last bytes of a head still arriving (its blank line may straddle two reads)
         self._deadline = None
+        self._lingering = False  # answered here: what the client still sends is dropped until the close
         self._arm()
         self._make_room()
 
@@ -80,6 +85,8 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         if self._waiting_for_head():
             end = _head_end(self._tail + data)  # the blank line may straddle two reads
             head = len(data) if end < 0 else max(0, end - len(self._tail))
@@ -156,6 +163,16 @@ class GuardedH11Protocol(H11Protocol):
                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode()
         if not self.transport.is_closing():
             self.transport.write(head + body)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close once the client has stopped sending, or after LINGER_S: the answer is followed by the end of
+        what this side sends (the client's read ends there), and the client's further bytes are dropped."""
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
             self.transport.close()
 
 
