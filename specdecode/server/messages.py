@@ -114,12 +114,6 @@ class MessagesRequest(AsChat):
     mcp_servers: Any = None
     NEUTRAL: ClassVar[dict[str, tuple]] = {"thinking": ({"type": "disabled"},), "container": (), "mcp_servers": ([],)}
 
-    def unsupported(self) -> list[tuple[str, str]]:
-        problems = super().unsupported()
-        if self.output_config is not None:
-            problems += [(f"output_config.{param}", text) for param, text in self.output_config.unsupported()]
-        return problems
-
     def chat(self) -> s.ChatCompletionRequest:
         """The same request on the chat endpoint (one choice, not streamed: the writer here streams it)."""
         fmt = self.output_config.format if self.output_config is not None else None

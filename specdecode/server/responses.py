@@ -122,12 +122,6 @@ class ResponsesRequest(AsChat):
         "previous_response_id": (), "conversation": (), "background": (False,), "reasoning": ({},),
         "include": ([],), "truncation": ("disabled",), "prompt": (), "top_logprobs": (0,), "max_tool_calls": ()}
 
-    def unsupported(self) -> list[tuple[str, str]]:
-        problems = super().unsupported()
-        if self.text is not None:
-            problems += [(f"text.{param}", message) for param, message in self.text.unsupported()]
-        return problems
-
     def chat(self) -> s.ChatCompletionRequest:
         """The same request on the chat endpoint (one choice, not streamed: the writer here streams it)."""
         tools = [s.Tool(type="function", function=s.FunctionDefinition(

@@ -56,10 +56,25 @@ class RequestBody(BaseModel):
         return {**cls.NEUTRAL, **cls.ONLY}
 
     def unsupported(self) -> list[tuple[str, str]]:
-        """(param, message) for features requested here that this server does not implement."""
-        return [(name, f"{name} is not supported; omit it or send null")
-                for name, neutral in self.NEUTRAL.items()
-                if getattr(self, name) is not None and not any(_same(getattr(self, name), v) for v in neutral)]
+        """(param, message) for features requested here that this server does not implement, in this body and in
+        the bodies it holds (param: the path to the field, `messages.0.name`)."""
+        problems = [(name, f"{name} is not supported; omit it or send null")
+                    for name, neutral in self.NEUTRAL.items()
+                    if getattr(self, name) is not None and not any(_same(getattr(self, name), v) for v in neutral)]
+        for where, body in self._held():
+            problems += [(f"{where}.{param}", text) for param, text in body.unsupported()]
+        return problems
+
+    def _held(self) -> list[tuple[str, RequestBody]]:
+        """(path, body) for the bodies this one holds: in a field, or in a list field."""
+        held: list[tuple[str, RequestBody]] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, RequestBody):
+                held.append((name, value))
+            elif isinstance(value, list):
+                held += [(f"{name}.{i}", item) for i, item in enumerate(value) if isinstance(item, RequestBody)]
+        return held
 
 
 class ModelRequest(RequestBody):
@@ -312,12 +327,6 @@ class ChatCompletionRequest(_Sampling):
         "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
         "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
         "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
-
-    def unsupported(self) -> list[tuple[str, str]]:
-        problems = super().unsupported()
-        for i, message in enumerate(self.messages):
-            problems += [(f"messages.{i}.{param}", text) for param, text in message.unsupported()]
-        return problems
 
     def top_logprobs_wanted(self) -> int | None:
         if self.top_logprobs and not self.logprobs:
