@@ -39,6 +39,13 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return byte_tokenizer_without()
 
 
+def tool_tokenizer() -> PreTrainedTokenizerFast:
+    """byte_tokenizer with TOOL_TEMPLATE: a chat template that teaches Hermes' <tool_call> format."""
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = TOOL_TEMPLATE
+    return tokenizer
+
+
 def byte_tokenizer_without(*lacking: int) -> PreTrainedTokenizerFast:
     """byte_tokenizer less the tokens of the `lacking` byte values (as real vocabularies lack a few)."""
     symbols = _byte_symbols()

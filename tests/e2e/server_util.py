@@ -42,6 +42,11 @@ PROMPTS = [
 ]
 
 
+def openai_client(server: BackgroundServer, api_key: str = "unused", timeout: float = 120) -> openai.OpenAI:
+    """The official client for a test server's /v1 (no retries: a test sees every answer)."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
 def tiny_service(target: Target, drafters: dict | None = None, default: str = "prompt-lookup", max_batch: int = 8,
                  max_queue: int = 64, policy: SpecPolicy | None = None, **options) -> Service:
     """options: further ServerConfig fields (api_key, body_timeout_s, ...)."""

@@ -21,7 +21,7 @@ from schemathesis import GenerationMode
 
 from specdecode.core.target import Target
 from tests.e2e.server_util import MODEL, serving, tiny_service
-from tests.tiny import TOOL_TEMPLATE, byte_tokenizer, byte_tokenizer_without, tiny_llama
+from tests.tiny import byte_tokenizer_without, tiny_llama, tool_tokenizer
 
 EXAMPLES = 50
 TOOL_EXAMPLES = 150  # ~20 s
@@ -99,8 +99,7 @@ _CALL = st.builds(lambda name, arguments: {"id": "c", "type": "function",
 
 
 def test_fuzzed_tools_never_get_a_5xx():
-    tokenizer = byte_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
+    tokenizer = tool_tokenizer()
     statuses: dict[int, int] = {}
     with serving(tiny_service(Target(tiny_llama(), tokenizer))) as running:
         @given(tools=_TOOLS, choice=_CHOICE, parallel=st.sampled_from([None, True, False]),

@@ -5,7 +5,6 @@ with echo, is a 400 naming the field."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig
@@ -13,7 +12,7 @@ from specdecode.core.engine import Engine
 from specdecode.core.infill import fim_format, infill_prompt
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
-from tests.e2e.server_util import MODEL, SPEC, serving, tiny_service
+from tests.e2e.server_util import MODEL, SPEC, openai_client, serving, tiny_service
 from tests.tiny import byte_tokenizer, tiny_llama
 
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|file_sep|>"]
@@ -37,7 +36,7 @@ def server(target):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def plain(target: Target, prompt: str, suffix: str, max_tokens: int, bias: dict[int, float] | None = None) -> str:

@@ -11,15 +11,14 @@ import json
 
 import anthropic
 import httpx
-import openai
 import pytest
 
 from specdecode.core.target import Target
 from specdecode.server.messages import MessagesRequest, MessageWriter
 from specdecode.server.scheduler import Finished, RequestStats, TextDelta
 from specdecode.server.tools import HERMES, Reading
-from tests.e2e.server_util import MODEL, ScriptedTicket, serving, tiny_service
-from tests.tiny import TOOL_TEMPLATE, byte_tokenizer
+from tests.e2e.server_util import MODEL, ScriptedTicket, openai_client, serving, tiny_service
+from tests.tiny import tool_tokenizer
 
 KEY = "sk-test"
 ADD = {"name": "add", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"},
@@ -32,9 +31,7 @@ GREEDY = {"temperature": 0}  # the 2026 client sends sampling settings as extra 
 
 @pytest.fixture(scope="module")
 def target(tiny_model) -> Target:
-    tokenizer = byte_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
-    return Target(tiny_model, tokenizer)
+    return Target(tiny_model, tool_tokenizer())
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +47,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def chat_client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(server, KEY)
 
 
 def chat(chat_client, messages=None, **request):

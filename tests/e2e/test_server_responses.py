@@ -10,15 +10,14 @@ import asyncio
 import json
 
 import httpx
-import openai
 import pytest
 
 from specdecode.core.target import Target
 from specdecode.server.responses import ResponsesRequest, ResponseWriter
 from specdecode.server.scheduler import Finished, RequestStats, TextDelta
 from specdecode.server.tools import HERMES, Reading
-from tests.e2e.server_util import MODEL, ScriptedTicket, serving, tiny_service
-from tests.tiny import TOOL_TEMPLATE, byte_tokenizer
+from tests.e2e.server_util import MODEL, ScriptedTicket, openai_client, serving, tiny_service
+from tests.tiny import tool_tokenizer
 
 ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
                                                                     "b": {"type": "integer"}},
@@ -29,9 +28,7 @@ RULES = "Answer in one word."
 
 @pytest.fixture(scope="module")
 def target(tiny_model) -> Target:
-    tokenizer = byte_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
-    return Target(tiny_model, tokenizer)
+    return Target(tiny_model, tool_tokenizer())
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +39,7 @@ def server(target):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def chat(client, **request):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, Structure
@@ -18,8 +17,8 @@ from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.server import schemas as s
 from specdecode.server.tools import HERMES, Reading, forced_calls, read_calls
-from tests.e2e.server_util import MODEL, SPEC, serving, tiny_service
-from tests.tiny import TOOL_TEMPLATE, byte_tokenizer
+from tests.e2e.server_util import MODEL, SPEC, openai_client, serving, tiny_service
+from tests.tiny import tool_tokenizer
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
@@ -35,9 +34,7 @@ SUM = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>
 
 @pytest.fixture(scope="module")
 def target(tiny_model) -> Target:
-    tokenizer = byte_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
-    return Target(tiny_model, tokenizer)
+    return Target(tiny_model, tool_tokenizer())
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +45,7 @@ def server(target):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def prompt_ids(target: Target, messages: list[dict], tools: list[dict] | None = TOOLS) -> list[int]:
