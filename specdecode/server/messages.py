@@ -23,7 +23,7 @@ from specdecode.server.as_chat import AsChat, read_part, usage_extensions
 from specdecode.server.errors import APIError, shown
 from specdecode.server.replies import collect, usage
 from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
-from specdecode.server.tools import Call, CallReader, Reading
+from specdecode.server.tools import Call, CallReader, Reading, read_pieces
 
 
 class TextBlock(s.RequestBody):
@@ -221,10 +221,7 @@ class MessageWriter:
 
     async def whole(self, ticket: Ticket) -> dict:
         text, _, event = await collect(ticket)
-        pieces: list[str | Call] = [text]
-        if self.calls is not None:
-            reader = CallReader(self.calls)
-            pieces = reader.feed(text) + reader.close()
+        pieces = read_pieces(self.calls, text)
         content: list[dict] = []
         for piece in pieces:
             if isinstance(piece, Call):

@@ -25,7 +25,7 @@ from specdecode.server.as_chat import AsChat, read_part, usage_extensions
 from specdecode.server.errors import APIError, shown
 from specdecode.server.replies import collect, usage
 from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
-from specdecode.server.tools import Call, CallReader, Reading
+from specdecode.server.tools import Call, CallReader, Reading, read_pieces
 
 
 class InputText(s.RequestBody):
@@ -216,10 +216,7 @@ class ResponseWriter:
 
     async def whole(self, ticket: Ticket) -> dict:
         text, _, event = await collect(ticket)
-        pieces: list[str | Call] = [text]
-        if self.calls is not None:
-            reader = CallReader(self.calls)
-            pieces = reader.feed(text) + reader.close()
+        pieces = read_pieces(self.calls, text)
         status = _status(event)
         output: list[dict] = []
         for piece in pieces:

@@ -224,10 +224,17 @@ class CallReader:
         return [text]
 
 
+def read_pieces(reading: Reading | None, text: str) -> list[str | Call]:
+    """A whole reply's text and calls in the order written (reading None: no tools, the text alone)."""
+    if reading is None:
+        return [text]
+    reader = CallReader(reading)
+    return reader.feed(text) + reader.close()
+
+
 def read_calls(reading: Reading, text: str) -> tuple[str | None, list[Call]]:
     """A whole reply's (content, calls): content None when the reply is calls alone."""
-    reader = CallReader(reading)
-    pieces = reader.feed(text) + reader.close()
+    pieces = read_pieces(reading, text)
     calls = [piece for piece in pieces if isinstance(piece, Call)]
     content = "".join(piece for piece in pieces if isinstance(piece, str))
     return (content or None) if calls else content, calls
