@@ -18,7 +18,7 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
-from specdecode.server.service import AUTO_KV_SHARE, K_POLICIES, ServeConfig, build_service
+from specdecode.server.service import AUTO_KV_SHARE, K_POLICIES, RESPONSES_KEPT, ServeConfig, build_service
 
 API_KEY_ENV = "SPECDECODE_API_KEY"
 MAX_HEADER_BYTES = 16 << 10  # the largest request head; a larger one is answered 431 (connections.py)
@@ -71,9 +71,22 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
     allowed = tuple(n.strip() for n in args.allow_drafters.split(",") if n.strip())
     config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
-                         args.kv_cache_memory, api_key, allowed_hosts(args))
+                         args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args))
     config.resolved()  # for its checks
     return config
+
+
+def responses_kept(args: argparse.Namespace) -> int:
+    """--responses-store: the default where the server is one process; none with --replicas (each replica would
+    keep its own, so a follow-up could reach one that does not hold the response it names)."""
+    given, replicas = getattr(args, "responses_store", None), getattr(args, "replicas", None)
+    if given is not None and replicas is not None and given > 0:
+        raise ConfigError("--responses-store needs a single server: replicas do not share kept responses")
+    if given is None:
+        return 0 if replicas is not None else RESPONSES_KEPT
+    if given < 0:
+        raise ConfigError(f"--responses-store must be >= 0, got {given}")
+    return given
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -231,6 +244,10 @@ def register(subparsers, name: str) -> None:
                              "connection's start or the previous response; then the connection is closed")
     parser.add_argument("--timeout-keep-alive", type=int, default=5,
                         help="seconds an idle keep-alive connection stays open")
+    parser.add_argument("--responses-store", type=int, default=None, metavar="N",
+                        help="Responses API responses kept in memory for previous_response_id and GET "
+                             f"/v1/responses/ID, least recently used dropped first (default {RESPONSES_KEPT}; 0: "
+                             "none; with --replicas none, as replicas do not share them)")
     scale = parser.add_argument_group("replicas (Ray Serve; docs/scaling.md)")
     scale.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve over N engine replicas on Ray Serve, each with its own model, KV memory and "

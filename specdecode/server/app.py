@@ -50,6 +50,7 @@ from specdecode.server.metrics import ServerMetrics
 from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
 from specdecode.server.replies import Choice, Reply, sse, whole
+from specdecode.server.response_store import RESPONSES_KEPT, ResponseStore
 from specdecode.server.responses import INPUT_ITEMS, ResponsesRequest, ResponseWriter, TextConfig, responses_error
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import (
@@ -89,6 +90,9 @@ class ServerConfig:
     # the Host header names one of these (port aside), else 400: a server on loopback refuses pages that reach it
     # through DNS rebinding (a name of theirs resolving to 127.0.0.1); None: any host
     allowed_hosts: tuple[str, ...] | None = None
+    # Responses API responses kept for `previous_response_id` and GET /v1/responses/{id} (0: none kept; see
+    # response_store.py)
+    responses_kept: int = RESPONSES_KEPT
 
 
 @dataclass
@@ -105,6 +109,7 @@ class Service:
     tool_format: ToolFormat | None  # how the chat template's model calls tools; None: it serves no tools
     added_tokens: frozenset[str]  # the tokenizer's added tokens (a tool-call marker may be one)
     fim: FimFormat | None  # the tokenizer's fill-in-the-middle markers; None: completions' suffix is a 400
+    responses: ResponseStore | None = None  # kept Responses API responses; None: none are kept
 
     @property
     def drafters(self) -> list[str]:
@@ -128,8 +133,9 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
                                  prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
     added = getattr(target.tokenizer, "get_added_vocab", dict)()
+    kept = ResponseStore(config.responses_kept) if config.responses_kept > 0 else None
     return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
-                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer))
+                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -204,6 +210,19 @@ def create_app(service: Service) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await _counted(service, "responses", _respond(service, request))
 
+    @app.get("/v1/responses/{response_id}", dependencies=v1)
+    async def response(response_id: str) -> dict:
+        kept = service.responses.get(response_id) if service.responses is not None else None
+        if kept is None:
+            raise _not_kept(response_id)
+        return kept.response
+
+    @app.delete("/v1/responses/{response_id}", dependencies=v1)
+    async def delete_response(response_id: str) -> dict:
+        if service.responses is None or not service.responses.delete(response_id):
+            raise _not_kept(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
     @app.post("/v1/messages", dependencies=v1, openapi_extra=_json_body(MessagesRequest))
     async def messages(request: Request) -> Response:
         return await _counted(service, "messages", _message(service, request))
@@ -267,7 +286,8 @@ _ERRORS = {"post": {400: "invalid request", 401: "missing or wrong API key", 404
                     408: "the body did not arrive in time", 413: "body or prompt too large for the server",
                     415: "not application/json", 429: "too many requests waiting (Retry-After)",
                     500: "internal error"},
-           "get": {401: "missing or wrong API key", 404: "unknown model"}}
+           "get": {401: "missing or wrong API key", 404: "unknown model, or no response kept with this id"},
+           "delete": {401: "missing or wrong API key", 404: "no response kept with this id"}}
 
 
 def _openapi(app: FastAPI, service: Service) -> dict:
@@ -430,9 +450,30 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
 async def _respond(service: Service, request: Request) -> Response:
     """OpenAI's Responses API, written as a Responses object (server/responses.py)."""
     req = await _body(service, request, ResponsesRequest)
+    if req.previous_response_id is not None:
+        req = req.after(_earlier_items(service, req.previous_response_id))
     ticket, shape, _ = await _as_chat(service, req, responses_error)
-    return await _answer(request, ticket, ResponseWriter(service.config.model_name, req, shape.tools.reading),
-                         bool(req.stream))
+    writer = ResponseWriter(service.config.model_name, req, shape.tools.reading, service.responses)
+    return await _answer(request, ticket, writer, bool(req.stream))
+
+
+def _earlier_items(service: Service, response_id: str) -> list[dict]:
+    """The conversation a kept response ends (its chain's input and output items), or a 400 naming why not."""
+    if service.responses is None:
+        raise APIError(400, "previous_response_id needs a server that keeps responses; this one keeps none "
+                            "(serve --responses-store N)", param="previous_response_id", code="unsupported")
+    items = service.responses.conversation(response_id)
+    if items is None:
+        raise APIError(400, f"previous response {shown(response_id)} is not held: it was never kept, was deleted, "
+                            f"or it (or one it continued) was dropped for room (this server keeps the last "
+                            f"{service.responses.capacity} responses)", param="previous_response_id",
+                       code="previous_response_not_found")
+    return items
+
+
+def _not_kept(response_id: str) -> APIError:
+    return APIError(404, f"no response with id {shown(response_id)} is kept here", "not_found_error",
+                    param="response_id", code="not_found")
 
 
 async def _message(service: Service, request: Request) -> Response:

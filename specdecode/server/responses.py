@@ -5,9 +5,10 @@ list of items (messages, the assistant's `function_call`s and their `function_ca
 functions, `text.format` is the response format and `max_output_tokens` the cap. `ResponsesRequest.chat()` writes
 it as a `ChatCompletionRequest`, which the server decodes as any chat request (one choice), so every drafter,
 structure and tool call serves it; `ResponseWriter` writes the reply as Responses' output items: a message with
-`output_text`, and each call as a `function_call` item, whole or as Responses' typed events. Responses are not
-kept: `store` is answered false, and `previous_response_id` and `conversation`, which would read a kept one, are
-400s, as are the API's other features this server does not implement.
+`output_text`, and each call as a `function_call` item, whole or as Responses' typed events. A response is kept
+(`store`, true unless the request says false) in the server's ResponseStore when it has one, and a request naming it
+as `previous_response_id` continues its conversation (response_store.py). `conversation` (OpenAI's stored
+conversations) is a 400, as are the API's other features this server does not implement.
 """
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from specdecode.server import schemas as s
 from specdecode.server.as_chat import AsChat, read_part, usage_extensions
 from specdecode.server.errors import APIError, shown
 from specdecode.server.replies import collect, usage
+from specdecode.server.response_store import Kept, ResponseStore
 from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
 from specdecode.server.tools import Call, CallReader, Reading, read_pieces
 
@@ -106,10 +108,10 @@ class ResponsesRequest(AsChat):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     stream: bool | None = False
-    store: bool | None = None  # accepted; a response is not kept (answered `store: false`)
+    store: bool | None = None  # keep the response (None: true, as in OpenAI's API) where the server keeps responses
     metadata: dict[str, str] | None = None  # returned with the response
+    previous_response_id: str | None = None  # the kept response this request continues
     # not implemented: accepted only at their neutral values
-    previous_response_id: Any = None
     conversation: Any = None
     background: Any = None
     reasoning: Any = None
@@ -119,8 +121,22 @@ class ResponsesRequest(AsChat):
     top_logprobs: Any = None
     max_tool_calls: Any = None
     NEUTRAL: ClassVar[dict[str, tuple]] = {
-        "previous_response_id": (), "conversation": (), "background": (False,), "reasoning": ({},),
+        "conversation": (), "background": (False,), "reasoning": ({},),
         "include": ([],), "truncation": ("disabled",), "prompt": (), "top_logprobs": (0,), "max_tool_calls": ()}
+    _earlier: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # the previous responses' items, oldest first
+
+    def after(self, earlier: list[dict[str, Any]]) -> ResponsesRequest:
+        """This request continuing a conversation whose items (kept responses' input and output) come first."""
+        continued = self.model_copy()
+        continued._earlier = earlier
+        return continued
+
+    def own_items(self) -> list[dict[str, Any]]:
+        """The input as items, as this request sent them (a text is one user message): what a kept response
+        holds of its input."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return list(self.input)
 
     def chat(self) -> s.ChatCompletionRequest:
         """The same request on the chat endpoint (one choice, not streamed: the writer here streams it)."""
@@ -155,18 +171,12 @@ class ResponsesRequest(AsChat):
         return messages
 
     def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutput]:
-        """The input's items, each read by its type; one this server does not know is a 400 naming it."""
+        """The earlier responses' items, then the input's, each read by its type; one this server does not know is
+        a 400 naming it."""
+        items = [_item(raw, "previous_response_id") for raw in self._earlier]
         if isinstance(self.input, str):
-            return [InputMessage(role="user", content=self.input)]
-        items = []
-        for i, raw in enumerate(self.input):
-            kind = raw.get("type")
-            if not isinstance(kind, str | None) or kind not in _ITEMS:
-                raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, "
-                                    "function_call and function_call_output are)", param=f"input.{i}.type",
-                               code="unsupported")
-            items.append(read_part(_ITEMS[kind], raw, f"input.{i}"))
-        return items  # type: ignore[return-value]
+            return [*items, InputMessage(role="user", content=self.input)]
+        return [*items, *(_item(raw, f"input.{i}") for i, raw in enumerate(self.input))]
 
     def _format(self) -> s.ResponseFormat | None:
         fmt = self.text.format if self.text is not None else None
@@ -179,6 +189,14 @@ class ResponsesRequest(AsChat):
                            code="invalid_value")
         return s.ResponseFormat(type="json_schema", json_schema=s.JsonSchemaFormat(
             name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict))
+
+
+def _item(raw: dict[str, Any], where: str) -> InputMessage | FunctionCallItem | FunctionCallOutput:
+    kind = raw.get("type")
+    if not isinstance(kind, str | None) or kind not in _ITEMS:
+        raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, function_call "
+                            "and function_call_output are)", param=f"{where}.type", code="unsupported")
+    return read_part(_ITEMS[kind], raw, where)  # type: ignore[return-value]
 
 
 # the chat request's fields as the Responses request names them, for a 400 about one of them
@@ -209,8 +227,10 @@ def responses_error(error: APIError) -> APIError:
 class ResponseWriter:
     """Writes one request's reply as a Responses object, whole or as its stream of typed events."""
 
-    def __init__(self, model: str, req: ResponsesRequest, calls: Reading | None):
+    def __init__(self, model: str, req: ResponsesRequest, calls: Reading | None, store: ResponseStore | None = None):
+        """store: where the finished response is kept (None: not kept, or the request said `store` false)."""
         self.model, self.req, self.calls = model, req, calls
+        self.store = store if req.store is not False else None
         self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
         self.sequence = 0
 
@@ -228,7 +248,7 @@ class ResponseWriter:
                 output.append(_message_item(piece, status))
         if not output:
             output.append(_message_item("", status))
-        return self._response(status, output, event)
+        return self._kept(self._response(status, output, event))
 
     async def events(self, ticket: Ticket) -> AsyncIterator[str]:
         """Responses' server-sent events: created, in progress, each output item's (a message's text deltas, a
@@ -275,7 +295,7 @@ class ResponseWriter:
                             for body in self._close_message(message, output, status):
                                 yield body
                         done = "response.completed" if status == "completed" else "response.incomplete"
-                        yield self._event(done, response=self._response(status, output, event))
+                        yield self._event(done, response=self._kept(self._response(status, output, event)))
                         return
                 else:
                     yield self._event("error", code=event.code, message=event.message, param=None)
@@ -314,6 +334,14 @@ class ResponseWriter:
                             name=item["name"], arguments=item["arguments"]),
                 self._event("response.output_item.done", output_index=index, item=item)]
 
+    def _kept(self, response: dict) -> dict:
+        """The finished response, kept in the store when there is one (its input items and output, for a follow-up
+        naming it)."""
+        if self.store is not None:
+            items = (*self.req.own_items(), *response["output"])
+            self.store.put(self.id, Kept(response, items, self.req.previous_response_id))
+        return response
+
     def _event(self, kind: str, **fields) -> str:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
@@ -334,7 +362,8 @@ class ResponseWriter:
             "tool_choice": choice.model_dump() if isinstance(choice, FunctionChoice) else choice or "auto",
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
-            "previous_response_id": None, "store": False, "metadata": req.metadata or {}, "truncation": "disabled",
+            "previous_response_id": req.previous_response_id, "store": self.store is not None,
+            "metadata": req.metadata or {}, "truncation": "disabled",
             "usage": None if event is None else _usage(event)}
 
 

@@ -25,6 +25,7 @@ from specdecode.server import cost_store
 from specdecode.server.app import ServerConfig, Service
 from specdecode.server.app import build_service as assemble
 from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
+from specdecode.server.response_store import RESPONSES_KEPT
 
 K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
@@ -60,9 +61,10 @@ class ServeConfig:
     kv_cache_bytes: int | None = None
     api_key: str | None = None
     allowed_hosts: tuple[str, ...] | None = None  # ServerConfig.allowed_hosts
+    responses_kept: int = RESPONSES_KEPT  # ServerConfig.responses_kept
 
     def __post_init__(self) -> None:
-        for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1)):
+        for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1), ("responses_kept", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise OptionError(f"{{{name}}} must be >= {low}, got {value!r}", name)
@@ -120,7 +122,7 @@ def _build_service(config: ServeConfig) -> Service:
     limits = ServerConfig(config.served_name or loaded.name, config.max_batch, config.max_queue,
                           config.default_max_tokens, api_key=config.api_key,
                           kv_cache_bytes=config.kv_cache_bytes or default_kv_memory(config.model.device),
-                          allowed_hosts=config.allowed_hosts)
+                          allowed_hosts=config.allowed_hosts, responses_kept=config.responses_kept)
     service = assemble(target, drafters, next(iter(drafters)), limits, config.spec, _policy(config, target))
     if fast.enabled:
         service.scheduler.engine.warmup()

@@ -2,8 +2,9 @@
 template teaches Hermes' <tool_call> format: a reply is the chat endpoint's for the same conversation (text, usage,
 forced calls, a JSON schema), for every served drafter, whole and streamed; a reply that ends is complete and one
 the token cap cuts incomplete; a conversation's calls and their outputs reach the template as chat's do; text and
-calls come out as items in the order the model wrote them; and what the server does not implement is a 400 naming
-the field."""
+calls come out as items in the order the model wrote them; a kept response is continued by `previous_response_id`
+as the chat endpoint's whole conversation, returned by GET and removed by DELETE, and one not held is a 400 (a 404
+for GET and DELETE); and what the server does not implement is a 400 naming the field."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from specdecode.core.target import Target
+from specdecode.server.response_store import Kept, ResponseStore
 from specdecode.server.responses import ResponsesRequest, ResponseWriter
 from specdecode.server.scheduler import Finished, RequestStats, TextDelta
 from specdecode.server.tools import HERMES, Reading
@@ -51,7 +53,8 @@ def streamed(client, **request) -> tuple[str, list, object]:
     """The stream's text deltas joined, its event types in order, and its final response (the last event's:
     `response.completed`, or `response.incomplete`, which the SDK's get_final_response() does not read)."""
     deltas, kinds = [], []
-    stream = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, stream=True, **request)
+    request = {"instructions": RULES, "input": ASK, **request}
+    stream = client.responses.create(model=MODEL, temperature=0, stream=True, **request)
     for event in stream:
         kinds.append(event.type)
         deltas += [event.delta] if event.type == "response.output_text.delta" else []
@@ -155,6 +158,76 @@ def test_text_and_calls_come_out_as_items_in_the_models_order(size):
             for item in final["output"]] == shape
     done = [body["item"]["type"] for body in bodies if body["type"] == "response.output_item.done"]
     assert done == ["message", "function_call", "message"]
+
+
+def test_a_follow_up_continues_the_kept_conversation_as_chat_would(client):
+    """previous_response_id: the chain's input and output items, oldest first, then the new input; the earlier
+    requests' instructions are not carried on (OpenAI's rule), the new one's are."""
+    first = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=6)
+    assert first.store and first.previous_response_id is None
+    call = client.responses.create(model=MODEL, temperature=0, previous_response_id=first.id, max_output_tokens=200,
+                                   input="Add them.", tools=[{"type": "function", **ADD}], tool_choice="required",
+                                   parallel_tool_calls=False)
+    (made,) = call.output
+    text, _, last = streamed(client, previous_response_id=call.id, max_output_tokens=6,
+                             tools=[{"type": "function", **ADD}],  # tools are the request's own, as instructions
+                             input=[{"type": "function_call_output", "call_id": made.call_id, "output": "3"}])
+    assert last.previous_response_id == call.id and last.store
+    expected = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=6, messages=[
+        {"role": "system", "content": RULES}, {"role": "user", "content": ASK},
+        {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "Add them."},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": made.call_id, "type": "function", "function": {
+            "name": made.name, "arguments": made.arguments}}]},
+        {"role": "tool", "tool_call_id": made.call_id, "content": "3"}], tools=[{"type": "function", "function": ADD}])
+    assert last.usage.input_tokens == expected.usage.prompt_tokens  # the whole conversation reached the template
+    assert text == last.output_text == expected.choices[0].message.content
+    again = client.responses.create(model=MODEL, temperature=0, previous_response_id=first.id, max_output_tokens=6,
+                                    input="Add them.")  # the first turn's instructions are not carried on
+    alone = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=6, messages=[
+        {"role": "user", "content": ASK}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Add them."}])
+    assert again.usage.input_tokens == alone.usage.prompt_tokens
+    assert again.output_text == alone.choices[0].message.content
+
+
+def test_a_kept_response_is_returned_and_deleted_and_one_not_held_is_refused(server, client):
+    kept = client.responses.create(model=MODEL, temperature=0, input=ASK, max_output_tokens=4)
+    assert client.responses.retrieve(kept.id).model_dump() == kept.model_dump()
+    unkept = client.responses.create(model=MODEL, temperature=0, input=ASK, max_output_tokens=4, store=False)
+    assert not unkept.store
+    deleted = httpx.delete(f"{server.url}/v1/responses/{kept.id}")
+    assert deleted.status_code == 200 and deleted.json() == {"id": kept.id, "object": "response", "deleted": True}
+    for response_id in (kept.id, unkept.id, "resp_nope"):
+        for method in ("GET", "DELETE"):
+            reply = httpx.request(method, f"{server.url}/v1/responses/{response_id}")
+            assert reply.status_code == 404 and reply.json()["error"]["code"] == "not_found", (method, reply.text)
+        reply = httpx.post(server.url + "/v1/responses", json={"model": MODEL, "input": ASK,
+                                                               "previous_response_id": response_id})
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == "previous_response_id", reply.text
+        assert error["code"] == "previous_response_not_found" and "\n" not in error["message"]
+
+
+def test_the_store_keeps_the_last_responses_and_a_chain_missing_a_link_is_not_continued():
+    store = ResponseStore(2)
+    for name, previous in (("a", None), ("b", "a"), ("c", "b")):
+        store.put(name, Kept({"id": name}, ({"role": "user", "content": name},), previous))
+    assert store.get("a") is None and len(store) == 2  # the oldest went for room
+    assert store.conversation("c") is None  # c continues b, which continues a: no longer whole
+    store.put("d", Kept({"id": "d"}, ({"role": "user", "content": "d"},), None))  # c goes: the walk read b after it
+    assert store.get("c") is None
+    store.put("e", Kept({"id": "e"}, ({"role": "user", "content": "e"},), "d"))  # then b
+    assert store.get("b") is None and [item["content"] for item in store.conversation("e")] == ["d", "e"]
+
+
+def test_a_server_that_keeps_none_answers_store_false_and_refuses_a_follow_up(target):
+    with serving(tiny_service(target, responses_kept=0)) as running:
+        reply = httpx.post(running.url + "/v1/responses", json={"model": MODEL, "input": ASK, "max_output_tokens": 2})
+        assert reply.status_code == 200 and reply.json()["store"] is False
+        follow = httpx.post(running.url + "/v1/responses", json={"model": MODEL, "input": ASK,
+                                                                 "previous_response_id": reply.json()["id"]})
+        assert follow.status_code == 400 and "--responses-store" in follow.json()["error"]["message"]
+        assert httpx.get(f"{running.url}/v1/responses/{reply.json()['id']}").status_code == 404
 
 
 @pytest.mark.parametrize("fields,param", [

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from specdecode.cli.main import build_parser, main
-from specdecode.cli.serve import replica_flags
+from specdecode.cli.serve import replica_flags, responses_kept
+from specdecode.server.response_store import RESPONSES_KEPT
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -23,6 +24,8 @@ from specdecode.cli.serve import replica_flags
     (["serve", "--replicas", "2", "--cpus-per-replica", "0"], "--cpus-per-replica must be > 0"),
     (["serve", "--replicas", "2", "--max-batch", "0"], "--max-batch must be >= 1"),
     (["serve", "--replicas", "2", "--allow-drafters", "nope"], "unknown drafter 'nope'"),
+    (["serve", "--replicas", "2", "--responses-store", "8"], "--responses-store needs a single server"),
+    (["serve", "--responses-store", "-1"], "--responses-store must be >= 0, got -1"),
 ])
 def test_bad_replica_flags_exit_2_with_one_line(capsys, argv, message):
     assert main(argv) == 2
@@ -40,6 +43,15 @@ def test_replica_flags():
                                   "--ray-address", "auto"]), cores=2)
     assert (scaled.min_replicas, scaled.max_replicas, scaled.cpus, scaled.threads) == (1, 4, 2.5, 2)
     assert scaled.ray_address == "auto"
+
+
+def test_replicas_keep_no_responses_unless_none_asked_for():
+    """Replicas do not share kept responses, so a follow-up could reach one that lacks the response it names."""
+    parse = build_parser().parse_args
+    assert responses_kept(parse(["serve"])) == RESPONSES_KEPT
+    assert responses_kept(parse(["serve", "--responses-store", "3"])) == 3
+    assert responses_kept(parse(["serve", "--replicas", "2"])) == 0
+    assert responses_kept(parse(["serve", "--replicas", "2", "--responses-store", "0"])) == 0
 
 
 def test_the_plain_server_does_not_import_ray(tiny_model_dir):

@@ -1,0 +1,67 @@
+"""The Responses API's kept responses: what `previous_response_id` continues and `GET /v1/responses/{id}` returns.
+
+A client of OpenAI's Responses API sends `store` true by default and continues a conversation by naming the last
+response (`previous_response_id`) rather than sending it again. Each kept response holds its own turn: the input
+items it was sent (its `instructions` are not carried on, as in OpenAI's API) and the output items it answered,
+and the id it continued. A follow-up's conversation is that chain's items, oldest first, then its own input.
+
+Kept in memory, in this process, for the last `capacity` responses (least recently used dropped first): a
+follow-up to one no longer held is a 400 that says so, never a silently shorter conversation. A response text is
+held as JSON items, so a full store of 1,024 answers of ~2,000 tokens holds ~10 MB of text.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+RESPONSES_KEPT = 1024  # the server's default capacity (serve --responses-store)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One kept response: as answered (for GET), and its own turn's items (the input it was sent, then its output)."""
+
+    response: dict
+    items: tuple[dict, ...]
+    previous: str | None  # the response it continued
+
+
+class ResponseStore:
+    """The last `capacity` responses by id. Used from the server's event loop only (no lock)."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"a response store holds at least one response, got {capacity}")
+        self.capacity = capacity
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def put(self, response_id: str, kept: Kept) -> None:
+        self._kept[response_id] = kept
+        self._kept.move_to_end(response_id)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def get(self, response_id: str) -> Kept | None:
+        kept = self._kept.get(response_id)
+        if kept is not None:
+            self._kept.move_to_end(response_id)
+        return kept
+
+    def delete(self, response_id: str) -> bool:
+        return self._kept.pop(response_id, None) is not None
+
+    def conversation(self, response_id: str) -> list[dict] | None:
+        """The items of the chain that ends at this response, oldest first; None when it or any response before
+        it is no longer held (deleted, or dropped for room)."""
+        turns: list[tuple[dict, ...]] = []
+        at: str | None = response_id
+        while at is not None:
+            kept = self.get(at)
+            if kept is None:
+                return None
+            turns.append(kept.items)
+            at = kept.previous
+        return [item for turn in reversed(turns) for item in turn]
