@@ -1,7 +1,8 @@
 """Our drafters side by side on the benchmark's prompts without transformers' baseline (which takes most of a
 `specdecode bench` run of the Qwen pair on the CPU: 10 tokens/s in fp32): each turn decoded by every method in a
 rotating order in one process, later turns after `none`'s answers, and where each method's seconds go by the
-engine's own timers (prefill, drafting, verification; docs/drafters.md, "hybrid").
+engine's own timers (prefill, drafting, verification; docs/drafters.md, "hybrid"), and each method's steps by kind
+(free drafts, drafts that cost draft passes, none) from the steps' own outcomes.
 
     .venv/bin/python scripts/drafter_split.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \
         --methods none,draft-model,hybrid --limit 2 --max-new-tokens 128
@@ -45,6 +46,7 @@ def main() -> None:
     sums: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (category or "overall", method) -> sums
     same, turns = Counter(), 0
     firsts: dict[str, list[float]] = defaultdict(list)  # method -> seconds to each turn's first token
+    steps: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (method, kind of step) -> sums over its steps
     for question in questions:
         history: list[dict[str, str]] = []
         for text in question.turns:
@@ -54,8 +56,11 @@ def main() -> None:
             for name in names[turns % len(names):] + names[: turns % len(names)]:
                 began, first, seq = time.perf_counter(), None, None
                 generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
-                for seq, _ in decoders[name].engine.stream(prompt, greedy, generation):  # noqa: B007 - read after
+                for seq, outcome in decoders[name].engine.stream(prompt, greedy, generation):  # noqa: B007 - read after
                     first = time.perf_counter() - began if first is None else first
+                    kind = "free" if outcome.free else "paid" if outcome.depth else "undrafted"
+                    steps[name, kind].update(steps=1, depth=outcome.depth, accepted=outcome.accepted,
+                                             draft_s=outcome.draft_s, verify_s=outcome.verify_s)
                 wall = time.perf_counter() - began
                 m = seq.metrics
                 firsts[name].append(first)
@@ -79,6 +84,12 @@ def main() -> None:
               f"{s['wall']:.1f} s: prefill {s['prefill_s']:.1f}, drafting {s['draft_s']:.1f}, verifying "
               f"{s['verify_s']:.1f}; median time to first token {statistics.median(firsts[name]) * 1000:.0f} ms; "
               f"equal to {names[0]} on {same[name]}/{turns} turns")
+        for kind in ("free", "paid", "undrafted"):  # paid: a draft that cost draft passes (a model's chain)
+            c = steps[name, kind]
+            if c["steps"]:
+                n = c["steps"]
+                print(f"  {kind} steps: {n}, depth {c['depth'] / n:.2f}, accepted {c['accepted'] / n:.2f}, drafting "
+                      f"{c['draft_s'] / n * 1000:.1f} ms, verifying {c['verify_s'] / n * 1000:.1f} ms a step")
 
 
 def _load(model: str | None, draft_model: str | None, method: str, k: int) -> SpecDecoder:
