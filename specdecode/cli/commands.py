@@ -26,6 +26,8 @@ COMMANDS: dict[str, Command] = {
     "bench": Command("specdecode.cli.bench", "Spec-Bench-style benchmark: specdecode drafters vs transformers "
                                              "generate / assisted generation"),
     "serve": Command("specdecode.cli.serve", "OpenAI-compatible HTTP server with batched speculative decoding"),
+    "batch": Command("specdecode.cli.batch", "run an OpenAI batch file (JSONL requests) offline through the server, "
+                                             "one result line per request"),
     "train": Command("specdecode.cli.train", "train an EAGLE, EAGLE-3 or Medusa drafter head for a target model"),
     "bench-serve": Command("specdecode.cli.bench_serve",
                            "benchmark the server: tokens/s and latency, speculation on vs off"),

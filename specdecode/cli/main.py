@@ -1,7 +1,7 @@
-"""The command line: `specdecode generate|serve|bench|bench-serve|bench-fastpath|bench-quality|bench-structured|
-train`. Each subcommand's module maps its flags onto the library's frozen configs, once; user errors print one
-line and exit 2, and nothing prints a traceback for bad input. Only the command being run is imported
-(commands.py): the others are listed by name and help."""
+"""The command line: `specdecode generate|serve|batch|bench|bench-serve|bench-fastpath|bench-quality|
+bench-structured|train`. Each subcommand's module maps its flags onto the library's frozen configs, once; user
+errors print one line and exit 2, and nothing prints a traceback for bad input. Only the command being run is
+imported (commands.py): the others are listed by name and help."""
 from __future__ import annotations
 
 import argparse

@@ -1,0 +1,117 @@
+"""`specdecode batch`: an OpenAI batch file run through the server's app in this process. Each request's result is
+the live server's answer to the same body (greedy text, usage), in the input's order whatever order they finish
+in; a request the app refuses keeps its status and error body; a line that is not a request gets its own error
+line, so none is dropped; a request the queue refuses is sent again; and the command's bad input exits 2."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from specdecode.cli.main import main
+from specdecode.core.target import Target
+from specdecode.server.batch import BatchRequest, read_requests, run_batch
+from tests.e2e.server_util import MODEL, serving, tiny_service
+from tests.tiny import tool_tokenizer
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0}
+BODIES = [
+    ("/v1/chat/completions", CHAT),
+    ("/v1/completions", {"model": MODEL, "prompt": "a b c a b c a b", "max_tokens": 16, "temperature": 0}),
+    ("/v1/responses", {"model": MODEL, "input": "Hello there", "max_output_tokens": 6, "temperature": 0}),
+    ("/v1/messages", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                      "temperature": 0}),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 3, "n": 2, "temperature": 0.8, "seed": 7}),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "temperature": 0}),
+]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model) -> Target:
+    return Target(tiny_model, tool_tokenizer())
+
+
+def _lines(bodies, prefix: str = "r") -> list[str]:
+    return [json.dumps({"custom_id": f"{prefix}{i}", "method": "POST", "url": url, "body": body})
+            for i, (url, body) in enumerate(bodies)]
+
+
+def _run(service, requests: list[BatchRequest], concurrency: int) -> list[dict]:
+    async def collect() -> list[dict]:
+        return [line async for line in run_batch(service, requests, concurrency)]
+    return asyncio.run(collect())
+
+
+def _comparable(body: dict) -> dict:
+    """An answer without what differs between two answers to one request (ids, times)."""
+    drop = {"id", "created", "created_at"}
+    if "choices" in body:
+        return {**{k: v for k, v in body.items() if k not in drop}, "choices": body["choices"]}
+    if body.get("object") == "response":
+        return {"text": [item.get("content") for item in body["output"]], "usage": body["usage"]}
+    return {k: v for k, v in body.items() if k not in drop}
+
+
+def test_each_result_is_the_servers_answer_in_the_inputs_order(target):
+    with serving(tiny_service(target)) as running:
+        import httpx
+        expected = [httpx.post(running.url + url, json=body, timeout=60).json() for url, body in BODIES]
+    results = _run(tiny_service(target, max_batch=4), read_requests(_lines(BODIES)), concurrency=4)
+    assert [line["custom_id"] for line in results] == [f"r{i}" for i in range(len(BODIES))]
+    for line, answer in zip(results, expected):
+        assert line["error"] is None and line["response"]["status_code"] == 200, line
+        assert _comparable(line["response"]["body"]) == _comparable(answer)
+        assert line["id"].startswith("batch_req_") and line["response"]["request_id"].startswith("req_")
+
+
+def test_a_refused_request_keeps_its_error_and_a_line_that_is_no_request_gets_its_own(target):
+    lines = [*_lines([("/v1/chat/completions", {**CHAT, "max_tokens": -1})], prefix="refused"),
+             "not json", "[1]", json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}),
+             json.dumps({"custom_id": "get", "method": "GET", "url": "/v1/models", "body": {}}),
+             json.dumps({"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {}}),
+             json.dumps({"custom_id": "nobody", "method": "POST", "url": "/v1/completions", "body": "x"}),
+             json.dumps({"custom_id": "stream", "method": "POST", "url": "/v1/completions",
+                         "body": {"model": MODEL, "prompt": "x", "stream": True}}),
+             "", *_lines([("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})]),
+             *_lines([("/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 2})])]  # r0 again
+    requests = read_requests(lines)
+    assert len(requests) == len(lines) - 1  # the blank line only is skipped
+    results = _run(tiny_service(target), requests, concurrency=2)
+    refused, *unread, answered, again = results
+    assert refused["response"]["status_code"] == 400
+    assert refused["response"]["body"]["error"]["param"] == "max_tokens"
+    errors = [line["error"]["message"] for line in unread]
+    assert [line["response"] for line in unread] == [None] * 7
+    for message, part in zip(errors, ["line 2 is not JSON", "line 3 is not a JSON object", "line 4 has no custom_id",
+                                      "line 5: method must be", "line 6: url must be one of",
+                                      "line 7: body must be a JSON object", "line 8: body.stream is not supported"]):
+        assert message.startswith(part) and "\n" not in message
+    assert answered["response"]["status_code"] == 200 and answered["custom_id"] == "r0"
+    assert again["response"] is None and "used by an earlier line" in again["error"]["message"]
+
+
+def test_a_request_the_queue_refuses_is_sent_again(target):
+    """One row and a queue of one: the requests beyond those two are answered 429 and sent again."""
+    bodies = [("/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": 4, "temperature": 0})
+              for p in ("a", "b", "c", "d")]
+    results = _run(tiny_service(target, max_batch=1, max_queue=1), read_requests(_lines(bodies)), concurrency=4)
+    assert [line["response"]["status_code"] for line in results] == [200] * 4
+
+
+def test_the_command_writes_a_line_per_request_and_bad_input_exits_2(tiny_model_dir, tmp_path, capsys):
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join([*_lines([("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})]),
+                                 "{"]) + "\n")
+    assert main(["batch", "--model", tiny_model_dir, "--served-model-name", "m", "-i", str(source),
+                 "-o", str(out)]) == 0
+    first, second = (json.loads(text) for text in out.read_text().splitlines())
+    assert first["response"]["status_code"] == 200 and second["error"]["code"] == "invalid_request"
+    assert "2 requests, 1 answered 200, 1 failed" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("\n")
+    for argv, message in ((["-i", str(tmp_path / "none.jsonl"), "-o", str(out)], "is not a file"),
+                          (["-i", str(tmp_path / "empty.jsonl"), "-o", str(out)], "holds no requests"),
+                          (["-i", str(source), "-o", str(tmp_path / "no" / "out.jsonl")], "folder does not exist")):
+        assert main(["batch", "--model", tiny_model_dir, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err and "Traceback" not in err
