@@ -1,7 +1,8 @@
 """`specdecode batch`: an OpenAI batch file run through the server's app in this process. Each request's result is
 the live server's answer to the same body (greedy text, usage), in the input's order whatever order they finish
-in; a request the app refuses keeps its status and error body; a line that is not a request gets its own error
-line, so none is dropped; a request the queue refuses is sent again; and the command's bad input exits 2."""
+in; a request the app refuses keeps its status and error body, and a bug's 500 is a result line too; a line that is
+not a request gets its own error line, so none is dropped; a request the queue refuses is sent again; and the
+command's bad input exits 2."""
 from __future__ import annotations
 
 import asyncio
@@ -115,3 +116,16 @@ def test_the_command_writes_a_line_per_request_and_bad_input_exits_2(tiny_model_
         assert main(["batch", "--model", tiny_model_dir, *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_bug_is_a_500_result_line_and_the_batch_goes_on(target, monkeypatch):
+    import specdecode.server.app as app_module
+
+    async def broken(service, request):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(app_module, "_respond", broken)
+    bodies = [("/v1/responses", {"model": MODEL, "input": "x"}),
+              ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2})]
+    results = _run(tiny_service(target), read_requests(_lines(bodies)), concurrency=2)
+    assert [line["response"]["status_code"] for line in results] == [500, 200]
+    assert "a bug" not in json.dumps(results[0])  # the server's 500 keeps its text to the log
