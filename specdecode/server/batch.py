@@ -7,9 +7,10 @@ would answer it: continuous batching, every drafter, structured outputs; the suf
 the earlier answers as a server's does. Results are written in the input's order, as soon as each one and all
 before it are done:
     {"id": "batch_req_...", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}
-A request the app refuses keeps its status and error body in `response`; a line that is not a request (not JSON,
-no `custom_id`, a method or url the batch does not serve, a streamed body) gets `response` null and `error`
-{"code", "message"}. No line is dropped: every input line gets its output line.
+A request the app refuses keeps its status and error body in `response`, as does a bug's 500; a line that is not a
+request (not JSON, no `custom_id` or one an earlier line used, a method or url the batch does not serve, a streamed
+body) gets `response` null and `error` {"code", "message"}. No line is dropped: every input line gets its output
+line.
 """
 from __future__ import annotations
 
