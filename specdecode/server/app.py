@@ -452,6 +452,7 @@ async def _respond(service: Service, request: Request) -> Response:
     req = await _body(service, request, ResponsesRequest)
     if req.previous_response_id is not None:
         req = req.after(_earlier_items(service, req.previous_response_id))
+    req = req.referenced(service.responses.item if service.responses is not None else None)
     ticket, shape, _ = await _as_chat(service, req, responses_error)
     writer = ResponseWriter(service.config.model_name, req, shape.tools.reading, service.responses)
     return await _answer(request, ticket, writer, bool(req.stream))

@@ -3,7 +3,9 @@
 A client of OpenAI's Responses API sends `store` true by default and continues a conversation by naming the last
 response (`previous_response_id`) rather than sending it again. Each kept response holds its own turn: the input
 items it was sent (its `instructions` are not carried on, as in OpenAI's API) and the output items it answered,
-and the id it continued. A follow-up's conversation is that chain's items, oldest first, then its own input.
+and the id it continued. A follow-up's conversation is that chain's items, oldest first, then its own input. A
+client that resends the conversation itself may name a kept item by its id instead (`{"type": "item_reference",
+"id"}`, as Codex does): every kept item with an id (the output's, and input items sent with one) is found by it.
 
 Kept in memory, in this process, for the last `capacity` responses (least recently used dropped first): a
 follow-up to one no longer held is a 400 that says so, never a silently shorter conversation. A response text is
@@ -34,6 +36,7 @@ class ResponseStore:
             raise ValueError(f"a response store holds at least one response, got {capacity}")
         self.capacity = capacity
         self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._items: dict[str, tuple[str, dict]] = {}  # item id -> (the response keeping it, the item)
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -41,8 +44,11 @@ class ResponseStore:
     def put(self, response_id: str, kept: Kept) -> None:
         self._kept[response_id] = kept
         self._kept.move_to_end(response_id)
+        for item in kept.items:
+            if isinstance(item.get("id"), str):
+                self._items[item["id"]] = (response_id, item)
         while len(self._kept) > self.capacity:
-            self._kept.popitem(last=False)
+            self._drop(*self._kept.popitem(last=False))
 
     def get(self, response_id: str) -> Kept | None:
         kept = self._kept.get(response_id)
@@ -51,7 +57,21 @@ class ResponseStore:
         return kept
 
     def delete(self, response_id: str) -> bool:
-        return self._kept.pop(response_id, None) is not None
+        kept = self._kept.pop(response_id, None)
+        if kept is not None:
+            self._drop(response_id, kept)
+        return kept is not None
+
+    def item(self, item_id: str) -> dict | None:
+        """A kept item by its id (an item_reference's target), or None."""
+        found = self._items.get(item_id)
+        return None if found is None else found[1]
+
+    def _drop(self, response_id: str, kept: Kept) -> None:
+        for item in kept.items:
+            item_id = item.get("id")
+            if isinstance(item_id, str) and self._items.get(item_id, ("",))[0] == response_id:  # not kept again later
+                del self._items[item_id]
 
     def conversation(self, response_id: str) -> list[dict] | None:
         """The items of the chain that ends at this response, oldest first; None when it or any response before

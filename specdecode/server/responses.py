@@ -16,7 +16,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
@@ -131,6 +131,28 @@ class ResponsesRequest(AsChat):
         continued._earlier = earlier
         return continued
 
+    def referenced(self, lookup: Callable[[str], dict | None] | None) -> ResponsesRequest:
+        """This request with each `item_reference` in its input replaced by the kept item it names (lookup: a kept
+        item by id; None where none are kept). One that names no kept item is a 400 naming its place."""
+        if not isinstance(self.input, list):
+            return self
+        items = []
+        for i, raw in enumerate(self.input):
+            if raw.get("type") != "item_reference":
+                items.append(raw)
+                continue
+            item_id = raw.get("id")
+            found = lookup(item_id) if lookup is not None and isinstance(item_id, str) else None
+            if found is None:
+                why = "no kept item has this id" if lookup is not None else \
+                    "this server keeps no responses (serve --responses-store N)"
+                raise APIError(400, f"input item reference {shown(item_id)} cannot be read: {why}",
+                               param=f"input.{i}.id", code="item_not_found")
+            items.append(found)
+        continued = self.model_copy(update={"input": items})
+        continued._earlier = self._earlier
+        return continued
+
     def own_items(self) -> list[dict[str, Any]]:
         """The input as items, as this request sent them (a text is one user message): what a kept response
         holds of its input."""
@@ -194,8 +216,8 @@ class ResponsesRequest(AsChat):
 def _item(raw: dict[str, Any], where: str) -> InputMessage | FunctionCallItem | FunctionCallOutput:
     kind = raw.get("type")
     if not isinstance(kind, str | None) or kind not in _ITEMS:
-        raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, function_call "
-                            "and function_call_output are)", param=f"{where}.type", code="unsupported")
+        raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, function_call, "
+                            "function_call_output and item_reference are)", param=f"{where}.type", code="unsupported")
     return read_part(_ITEMS[kind], raw, where)  # type: ignore[return-value]
 
 

@@ -190,6 +190,26 @@ def test_a_follow_up_continues_the_kept_conversation_as_chat_would(client):
     assert again.output_text == alone.choices[0].message.content
 
 
+def test_an_item_reference_reads_the_kept_item_it_names(server, client):
+    """A client that resends the conversation may name a kept item by id (Codex does): the request is then the one
+    with that item written out."""
+    tools = [{"type": "function", **ADD}]
+    first = client.responses.create(model=MODEL, temperature=0, input=ASK, max_output_tokens=200, tools=tools,
+                                    tool_choice="required", parallel_tool_calls=False)
+    (made,) = first.output
+    output = {"type": "function_call_output", "call_id": made.call_id, "output": "3"}
+    written = client.responses.create(model=MODEL, temperature=0, max_output_tokens=6, tools=tools, input=[
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": made.call_id, "name": made.name, "arguments": made.arguments}, output])
+    named = client.responses.create(model=MODEL, temperature=0, max_output_tokens=6, tools=tools, input=[
+        {"role": "user", "content": ASK}, {"type": "item_reference", "id": made.id}, output])
+    assert named.usage.input_tokens == written.usage.input_tokens and named.output_text == written.output_text
+    reply = httpx.post(server.url + "/v1/responses", json={"model": MODEL, "input": [
+        {"role": "user", "content": ASK}, {"type": "item_reference", "id": "fc_nope"}]})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and (error["param"], error["code"]) == ("input.1.id", "item_not_found")
+
+
 def test_a_kept_response_is_returned_and_deleted_and_one_not_held_is_refused(server, client):
     kept = client.responses.create(model=MODEL, temperature=0, input=ASK, max_output_tokens=4)
     assert client.responses.retrieve(kept.id).model_dump() == kept.model_dump()
@@ -216,8 +236,10 @@ def test_the_store_keeps_the_last_responses_and_a_chain_missing_a_link_is_not_co
     assert store.conversation("c") is None  # c continues b, which continues a: no longer whole
     store.put("d", Kept({"id": "d"}, ({"role": "user", "content": "d"},), None))  # c goes: the walk read b after it
     assert store.get("c") is None
-    store.put("e", Kept({"id": "e"}, ({"role": "user", "content": "e"},), "d"))  # then b
-    assert store.get("b") is None and [item["content"] for item in store.conversation("e")] == ["d", "e"]
+    store.put("e", Kept({"id": "e"}, ({"role": "user", "content": "e"}, {"id": "msg_e", "role": "assistant"}), "d"))
+    assert store.get("b") is None and [item.get("content") for item in store.conversation("e")] == ["d", "e", None]
+    assert store.item("msg_e") == {"id": "msg_e", "role": "assistant"}
+    assert store.delete("e") and store.item("msg_e") is None  # an item goes with its response
 
 
 def test_a_server_that_keeps_none_answers_store_false_and_refuses_a_follow_up(target):
