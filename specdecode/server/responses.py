@@ -134,7 +134,7 @@ class ResponsesRequest(AsChat):
     def referenced(self, lookup: Callable[[str], dict | None] | None) -> ResponsesRequest:
         """This request with each `item_reference` in its input replaced by the kept item it names (lookup: a kept
         item by id; None where none are kept). One that names no kept item is a 400 naming its place."""
-        if not isinstance(self.input, list):
+        if not isinstance(self.input, list) or not any(raw.get("type") == "item_reference" for raw in self.input):
             return self
         items = []
         for i, raw in enumerate(self.input):
@@ -149,9 +149,7 @@ class ResponsesRequest(AsChat):
                 raise APIError(400, f"input item reference {shown(item_id)} cannot be read: {why}",
                                param=f"input.{i}.id", code="item_not_found")
             items.append(found)
-        continued = self.model_copy(update={"input": items})
-        continued._earlier = self._earlier
-        return continued
+        return self.model_copy(update={"input": items})  # the earlier items (private) come with the copy
 
     def own_items(self) -> list[dict[str, Any]]:
         """The input as items, as this request sent them (a text is one user message): what a kept response

@@ -208,6 +208,10 @@ def test_an_item_reference_reads_the_kept_item_it_names(server, client):
         {"role": "user", "content": ASK}, {"type": "item_reference", "id": "fc_nope"}]})
     error = reply.json()["error"]
     assert reply.status_code == 400 and (error["param"], error["code"]) == ("input.1.id", "item_not_found")
+    continued = ResponsesRequest.model_validate({"model": MODEL, "input": [{"type": "item_reference", "id": "x"}]})
+    continued = continued.after([{"role": "user", "content": "a"}])  # a chain's items stay ahead of the references
+    assert [item.text() for item in continued.referenced({"x": {"role": "assistant", "content": "b"}}.get).items()] \
+        == ["a", "b"]
 
 
 def test_a_kept_response_is_returned_and_deleted_and_one_not_held_is_refused(server, client):
