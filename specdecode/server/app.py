@@ -24,7 +24,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from specdecode.config import GenerationConfig, SamplingConfig, SpecConfig, Structure
 from specdecode.core.drafting import Drafter
@@ -37,6 +36,7 @@ from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
 from specdecode.server.as_chat import AsChat
+from specdecode.server.bodies import read_body, require_json
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.messages import (
     BLOCKS,
@@ -398,8 +398,8 @@ async def _counted(service: Service, endpoint: str, work) -> Response:
 # -- one request -------------------------------------------------------------------------------------------------
 async def _body(service: Service, request: Request, schema: type[_Body]) -> _Body:
     """The request's JSON body as `schema`, for this server's model: else a 4xx naming what is wrong."""
-    _require_json(request)
-    body = await _read_body(request, service.config.max_body_bytes, service.config.body_timeout_s)
+    require_json(request)
+    body = await read_body(request, service.config.max_body_bytes, service.config.body_timeout_s)
     try:
         req = schema.model_validate_json(body)
     except ValidationError as error:
@@ -618,46 +618,6 @@ async def _watch_disconnect(request: Request, tickets: list[Ticket]) -> None:
 
 
 # -- validation and encoding ---------------------------------------------------------------------------------------
-def _require_json(request: Request) -> None:
-    """Only JSON bodies: a browser sends text/plain, form or untyped bodies cross-origin without a CORS preflight,
-    so parsing those as JSON would let any web page start generations here."""
-    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    subtype = media_type.removeprefix("application/")
-    if subtype == media_type or not (subtype == "json" or subtype.endswith("+json")):
-        got = f"got {shown(media_type)}" if media_type else "got no Content-Type"
-        raise APIError(415, f"the request body must be JSON with Content-Type: application/json; {got}",
-                       code="unsupported_media_type")
-
-
-async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body, or a one-line error: 413 when too large, 408 when too slow, 499 when the client went away
-    (logged as one line: a client hanging up is not a server fault)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_limited(request, limit)
-    except TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout") from None
-    except ClientDisconnect:
-        client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
-        log.warning("%s disconnected before sending the whole request body to %s", client, request.url.path)
-        raise APIError(499, "the client disconnected before sending the whole request body",
-                       code="client_disconnected") from None
-
-
-async def _read_limited(request: Request, limit: int) -> bytes:
-    too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _encode(service: Service, req: s.CompletionRequest | s.ChatCompletionRequest, tools: ToolUse) -> list[list[int]]:
     """The request's prompts as token ids (a chat request has one)."""
     with service.tokenizer_lock:

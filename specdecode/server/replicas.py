@@ -40,7 +40,8 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.request_router import RequestRouter
 
-from specdecode.server.app import ServerConfig, Service, _read_body, create_app
+from specdecode.server.app import ServerConfig, Service, create_app
+from specdecode.server.bodies import read_body
 from specdecode.server.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ class Frontend:
     async def forward(self, path: str, request: Request) -> Response:
         config = ServerConfig("")  # the replicas' body limits (they check again)
         try:
-            body = await _read_body(request, config.max_body_bytes, config.body_timeout_s)
+            body = await read_body(request, config.max_body_bytes, config.body_timeout_s)
         except APIError as error:
             return JSONResponse(error.body(), status_code=error.status)
         key = session_key(request.headers, body)
