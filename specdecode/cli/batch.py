@@ -30,8 +30,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise ConfigError(f"--input {args.input!r} holds no requests")
     if args.output != "-" and not Path(args.output).parent.is_dir():
         raise ConfigError(f"--output {args.output!r}: its folder does not exist")
-    # no kept responses: a line cannot name another's response, whose id it cannot know
-    service = build_service(dataclasses.replace(serve_config(args), responses_kept=0))
+    # no kept responses: a line cannot name another's response, whose id it cannot know; no files API either
+    service = build_service(dataclasses.replace(serve_config(args), responses_kept=0, files_bytes=0))
     began, counts = time.perf_counter(), Counter()
     out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115 - or stdout
     try:

@@ -18,7 +18,7 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
-from specdecode.server.service import AUTO_KV_SHARE, K_POLICIES, RESPONSES_KEPT, ServeConfig, build_service
+from specdecode.server.service import AUTO_KV_SHARE, FILES_BYTES, K_POLICIES, RESPONSES_KEPT, ServeConfig, build_service
 
 API_KEY_ENV = "SPECDECODE_API_KEY"
 MAX_HEADER_BYTES = 16 << 10  # the largest request head; a larger one is answered 431 (connections.py)
@@ -71,7 +71,7 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
     allowed = tuple(n.strip() for n in args.allow_drafters.split(",") if n.strip())
     config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
-                         args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args))
+                         args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args), files_bytes(args))
     config.resolved()  # for its checks
     return config
 
@@ -87,6 +87,22 @@ def responses_kept(args: argparse.Namespace) -> int:
     if given < 0:
         raise ConfigError(f"--responses-store must be >= 0, got {given}")
     return given
+
+
+def files_bytes(args: argparse.Namespace) -> int:
+    """--files-store: the default where the server is one process; none with --replicas (a batch created on one
+    replica could not read a file uploaded to another)."""
+    given, replicas = getattr(args, "files_store", None), getattr(args, "replicas", None)
+    if given is not None and replicas is not None and given > 0:
+        raise ConfigError("--files-store needs a single server: replicas do not share files or batches")
+    if given is None:
+        return 0 if replicas is not None else FILES_BYTES
+    return given
+
+
+def store_size(text: str) -> int:
+    """argparse type: 0, or a byte count as memory_size reads it."""
+    return 0 if text.strip() == "0" else memory_size(text)
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -248,6 +264,10 @@ def register(subparsers, name: str) -> None:
                         help="Responses API responses kept in memory for previous_response_id and GET "
                              f"/v1/responses/ID, least recently used dropped first (default {RESPONSES_KEPT}; 0: "
                              "none; with --replicas none, as replicas do not share them)")
+    parser.add_argument("--files-store", type=store_size, default=None, metavar="BYTES",
+                        help="memory for the Files API's files (batch inputs uploaded to /v1/files and the "
+                             "outputs of /v1/batches), in bytes or with a unit; an upload beyond it is answered 413 "
+                             f"(default {FILES_BYTES >> 20}MiB; 0: no Files or Batches API; with --replicas none)")
     scale = parser.add_argument_group("replicas (Ray Serve; docs/scaling.md)")
     scale.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="serve over N engine replicas on Ray Serve, each with its own model, KV memory and "

@@ -36,8 +36,11 @@ from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError
 from specdecode.server import schemas as s
 from specdecode.server.as_chat import AsChat
+from specdecode.server.batch_routes import add_batch_routes
+from specdecode.server.batches import BatchCreate, Batches
 from specdecode.server.bodies import read_body, require_json
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
+from specdecode.server.file_store import FILES_BYTES, FileStore
 from specdecode.server.messages import (
     BLOCKS,
     CountTokensRequest,
@@ -93,6 +96,8 @@ class ServerConfig:
     # Responses API responses kept for `previous_response_id` and GET /v1/responses/{id} (0: none kept; see
     # response_store.py)
     responses_kept: int = RESPONSES_KEPT
+    # bytes of files the Files API holds (uploads, and the batches' output); 0: no Files or Batches API
+    files_bytes: int = FILES_BYTES
 
 
 @dataclass
@@ -110,6 +115,8 @@ class Service:
     added_tokens: frozenset[str]  # the tokenizer's added tokens (a tool-call marker may be one)
     fim: FimFormat | None  # the tokenizer's fill-in-the-middle markers; None: completions' suffix is a 400
     responses: ResponseStore | None = None  # kept Responses API responses; None: none are kept
+    files: FileStore | None = None  # the Files API's files; None: no Files or Batches API
+    batches: Batches | None = None  # the Batches API's batches (with files)
 
     @property
     def drafters(self) -> list[str]:
@@ -134,8 +141,20 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
     added = getattr(target.tokenizer, "get_added_vocab", dict)()
     kept = ResponseStore(config.responses_kept) if config.responses_kept > 0 else None
+    files = FileStore(config.files_bytes) if config.files_bytes > 0 else None
+    # a batch keeps at most half of the rows busy, so interactive requests keep the other half
+    batches = None if files is None else Batches(files, max(1, config.max_batch // 2), config.api_key,
+                                                  _own_host(config.allowed_hosts))
     return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
-                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept)
+                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept, files, batches)
+
+
+def _own_host(allowed: tuple[str, ...] | None) -> str:
+    """A Host header the app answers (_HostCheck), for the requests it sends itself (a batch's)."""
+    if allowed is None or "*" in allowed or "127.0.0.1" in allowed:
+        return "127.0.0.1"
+    name = allowed[0]
+    return f"[{name}]" if ":" in name else name
 
 
 def create_app(service: Service) -> FastAPI:
@@ -145,6 +164,8 @@ def create_app(service: Service) -> FastAPI:
         try:
             yield
         finally:
+            if service.batches is not None:
+                await service.batches.close()
             service.scheduler.stop()
 
     # the API's description is served below, behind the API key when there is one
@@ -251,6 +272,8 @@ def create_app(service: Service) -> FastAPI:
     async def redoc() -> Response:
         return get_redoc_html(openapi_url="/openapi.json", title="specdecode")
 
+    add_batch_routes(app, service.files, service.batches, v1, service.config.body_timeout_s,
+                     lambda endpoint, work: _counted(service, endpoint, work))
     add_playground(app)  # GET /: the page is public; its API calls carry the key the user types
     app.openapi = lambda: _openapi(app, service)  # type: ignore[method-assign]
     return app
@@ -288,6 +311,20 @@ _ERRORS = {"post": {400: "invalid request", 401: "missing or wrong API key", 404
                     500: "internal error"},
            "get": {401: "missing or wrong API key", 404: "unknown model, or no response kept with this id"},
            "delete": {401: "missing or wrong API key", 404: "no response kept with this id"}}
+# the Files and Batches routes' own: (method, path) -> statuses added (a description) or dropped (None)
+_ROUTE_ERRORS: dict[tuple[str, str], dict[int, str | None]] = {
+    ("post", "/v1/files"): {403: "an upload from another origin", 404: None, 413: "file larger than the store's room",
+                            415: "not multipart/form-data", 429: None},
+    ("post", "/v1/batches"): {404: "no such input file", 429: "as many batches running as the server keeps"},
+    ("post", "/v1/batches/{batch_id}/cancel"): {404: "no such batch", 408: None, 409: "the batch has ended",
+                                                413: None, 415: None, 429: None},
+    ("get", "/v1/files"): {400: "invalid query, or the server keeps no files"},
+    ("get", "/v1/batches"): {400: "invalid query, or the server keeps no batches"},
+    ("get", "/v1/files/{file_id}"): {404: "no such file"},
+    ("get", "/v1/files/{file_id}/content"): {404: "no such file"},
+    ("get", "/v1/batches/{batch_id}"): {404: "no such batch"},
+    ("delete", "/v1/files/{file_id}"): {404: "no such file"},
+}
 
 
 def _openapi(app: FastAPI, service: Service) -> dict:
@@ -297,6 +334,8 @@ def _openapi(app: FastAPI, service: Service) -> dict:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(_request_schemas(service))
+        schemas.update(models_json_schema([(BatchCreate, "validation")], ref_template="#/components/schemas/{model}")
+                       [1]["$defs"])
         schemas.update(models_json_schema([(s.ErrorBody, "serialization")],
                                           ref_template="#/components/schemas/{model}")[1]["$defs"])
         error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
@@ -309,6 +348,11 @@ def _openapi(app: FastAPI, service: Service) -> dict:
                     statuses.pop(404)
                 if path in ("/tokenize", "/detokenize", "/v1/messages/count_tokens"):  # no queue
                     statuses.pop(429)
+                for status, what in _ROUTE_ERRORS.get((method, path), {}).items():
+                    if what is None:
+                        statuses.pop(status, None)
+                    else:
+                        statuses[status] = what
                 if service.config.api_key is None:
                     statuses.pop(401)
                 for status, what in statuses.items():

@@ -37,7 +37,8 @@ def server(tiny_target):
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
-                                  "/v1/messages/count_tokens", "/tokenize", "/detokenize"])
+                                  "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/v1/files",
+                                  "/v1/batches"])
 def test_fuzzed_bodies_never_get_a_5xx(server, path, mode):
     operation = schemathesis.openapi.from_url(server.url + "/openapi.json")[path]["POST"]
     statuses: dict[int, int] = {}
@@ -51,7 +52,7 @@ def test_fuzzed_bodies_never_get_a_5xx(server, path, mode):
         assert response.status_code < 500, f"{response.status_code} for {case.body!r}: {response.text[:300]}"
 
     fuzz()
-    if mode == GenerationMode.POSITIVE:
+    if mode == GenerationMode.POSITIVE and path != "/v1/batches":  # a generated input_file_id names no file: 404
         assert statuses.get(200, 0) > 0, statuses  # some bodies got through validation and decoded
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 

@@ -1,0 +1,269 @@
+"""The Batches API's batches (OpenAI's `/v1/batches`): `specdecode batch` (batch.py), run by a running server.
+
+A client uploads a batch file (file_store.py), creates a batch naming it, polls the batch, and reads its output
+file. The file is read and checked when the batch is created: every line as `specdecode batch` checks it, and its
+url must be the batch's endpoint. A file with any line that is not a request fails the batch at once, with one error
+per such line (`errors.data`: code, message, line), and nothing is sent, as OpenAI's validation does.
+
+Otherwise the requests go to this server's own app in this process (batch_file.answer), through one gate shared by
+every batch: at most `concurrency` batch requests at once (serve's default: half of --max-batch, at least one), so
+interactive clients keep the other rows. The batch is `in_progress` from its creation; its request_counts grow as
+requests finish. Its results are written when it ends, in the input's order: the 200s to its output file, the
+others (refused, a bug's 500, never sent) to its error file, so every line of the input is in one of them.
+
+Cancelling a batch cancels its requests in flight and sends no more; what was answered is written, and each line
+not answered is an error line (`batch_cancelled`). A batch not done within its completion window (24 h) ends the same
+way (`batch_expired`). The server keeps the last `kept` batches (the oldest finished one is dropped first, with its
+files kept); all of it in memory, none of it outliving the process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from specdecode.server.batch_file import URLS, BatchRequest, answer, app_client, error_line, read_requests
+from specdecode.server.errors import APIError, bad_request, shown
+from specdecode.server.file_store import OUTPUT_PURPOSE, FileStore
+
+log = logging.getLogger(__name__)
+
+BATCHES_KEPT = 1024
+WINDOW = "24h"  # OpenAI's only completion window
+WINDOW_S = 24 * 3600
+ENDED = ("failed", "completed", "expired", "cancelled")
+
+
+class BatchCreate(BaseModel):
+    """POST /v1/batches' body. OpenAI's `output_expires_after` is not implemented (files are kept until deleted):
+    like any field not listed, it is a 400."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+@dataclass
+class BatchJob:
+    """One batch, as OpenAI's batch object tells it; `times` holds the moments it reached (in_progress_at, ...)."""
+
+    id: str
+    endpoint: str
+    input_file_id: str
+    created_at: int
+    metadata: dict[str, str] | None
+    status: str = "in_progress"
+    errors: list[dict] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    times: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set by cancel()
+    task: asyncio.Task | None = None
+    began: float = field(default_factory=time.monotonic)  # its window's start, on the clock that times it
+
+    @property
+    def expires_at(self) -> int:
+        return self.created_at + WINDOW_S
+
+    def reach(self, status: str) -> None:
+        self.status = status
+        self.times[f"{status}_at"] = int(time.time())
+
+    def card(self) -> dict:
+        """OpenAI's batch object."""
+        moments = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+        errors = None if self.errors is None else {"object": "list", "data": self.errors}
+        return {"id": self.id, "object": "batch", "endpoint": self.endpoint, "errors": errors,
+                "input_file_id": self.input_file_id, "completion_window": WINDOW, "status": self.status,
+                "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
+                "created_at": self.created_at, "expires_at": self.expires_at,
+                **{f"{moment}_at": self.times.get(f"{moment}_at") for moment in moments},
+                "request_counts": {"total": self.total, "completed": self.completed, "failed": self.failed},
+                "metadata": self.metadata}
+
+
+class Batches:
+    """The server's batches by id, oldest first. Used from the server's event loop only (no lock)."""
+
+    def __init__(self, files: FileStore, concurrency: int, api_key: str | None, host: str = "127.0.0.1",
+                 kept: int = BATCHES_KEPT):
+        """host: the Host the batches' requests carry (one the app answers)."""
+        if concurrency < 1 or kept < 1:
+            raise ValueError(f"batches need concurrency >= 1 and kept >= 1, got {concurrency}, {kept}")
+        self.files, self.concurrency, self.api_key, self.host, self.kept = files, concurrency, api_key, host, kept
+        self._jobs: dict[str, BatchJob] = {}
+        self._gate: asyncio.Semaphore | None = None  # made in the server's loop, on the first batch
+
+    def create(self, body: BatchCreate, app: Any) -> BatchJob:
+        """A batch of the file `body` names, started on `app` (the ASGI app its requests go to); failed at once when
+        the file holds a line that is not a request. A 4xx for a body that names no batch file."""
+        _check(body)
+        held = self.files.get(body.input_file_id)
+        if held is None:
+            raise APIError(404, f"no file with id {shown(body.input_file_id)} is held here", "not_found_error",
+                           param="input_file_id", code="file_not_found")
+        if held.purpose != "batch":
+            raise bad_request(f"file {held.id} has purpose {held.purpose!r}; a batch reads a file uploaded with "
+                              f"purpose 'batch'", "input_file_id", "invalid_value")
+        self._make_room()
+        job = BatchJob("batch_" + uuid.uuid4().hex, body.endpoint, held.id, int(time.time()), body.metadata)
+        self._jobs[job.id] = job
+        requests, errors = _read(held.data, body.endpoint)
+        job.total = len(requests)
+        if errors:
+            job.errors = errors
+            job.reach("failed")
+            return job
+        job.reach("in_progress")
+        job.task = asyncio.get_running_loop().create_task(self._guarded(job, requests, app))
+        return job
+
+    def get(self, batch_id: str) -> BatchJob | None:
+        return self._jobs.get(batch_id)
+
+    def listed(self, after: str | None, limit: int) -> tuple[list[BatchJob], bool]:
+        """A page of batches, newest first, after the batch `after` (the caller checks it is held)."""
+        ordered = list(reversed(self._jobs.values()))
+        start = [job.id for job in ordered].index(after) + 1 if after is not None else 0
+        return ordered[start:start + limit], start + limit < len(ordered)
+
+    def cancel(self, job: BatchJob) -> None:
+        """Ask a running batch to end; it is `cancelling` until its requests in flight have stopped."""
+        if job.status == "in_progress":
+            job.reach("cancelling")
+            job.stop.set()
+
+    async def close(self) -> None:
+        """Stop every running batch (the server is shutting down)."""
+        running = [job for job in self._jobs.values() if job.task is not None and not job.task.done()]
+        for job in running:
+            self.cancel(job)
+        await asyncio.gather(*(job.task for job in running), return_exceptions=True)
+
+    def _make_room(self) -> None:
+        if len(self._jobs) < self.kept:
+            return
+        ended = next((job for job in self._jobs.values() if job.status in ENDED), None)
+        if ended is None:
+            raise APIError(429, f"{len(self._jobs)} batches are running, the most this server keeps; wait for one "
+                                "to end", "rate_limit_error", code="too_many_batches")
+        del self._jobs[ended.id]
+
+    async def _guarded(self, job: BatchJob, requests: list[BatchRequest], app: Any) -> None:
+        """_run, and a bug in it fails the batch (logged) rather than leaving it in progress for ever."""
+        try:
+            await self._run(job, requests, app)
+        except Exception:
+            log.exception("batch %s failed", job.id)
+            job.errors = [{"code": "internal_error", "message": "the batch failed (the server logged why)",
+                           "param": None, "line": None}]
+            job.reach("failed")
+
+    async def _run(self, job: BatchJob, requests: list[BatchRequest], app: Any) -> None:
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.concurrency)
+        async with app_client(app, self.api_key, self.host) as client:
+            tasks = [asyncio.create_task(answer(client, self._gate, request)) for request in requests]
+            for task in tasks:
+                task.add_done_callback(lambda done: _count(job, done))
+            every = asyncio.ensure_future(asyncio.gather(*tasks, return_exceptions=True))
+            stopped = asyncio.ensure_future(job.stop.wait())
+            await asyncio.wait([every, stopped], timeout=max(0.0, job.began + WINDOW_S - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            ending = "completed" if every.done() else "cancelled" if job.stop.is_set() else "expired"
+            stopped.cancel()
+            for task in tasks:
+                task.cancel()
+            await every
+        job.reach("finalizing")
+        lines = [_result(task, request, ending) for task, request in zip(tasks, requests)]
+        self._write(job, lines)
+        job.reach(ending)
+
+    def _write(self, job: BatchJob, lines: list[dict]) -> None:
+        answered = [line for line in lines if _answered(line)]
+        others = [line for line in lines if not _answered(line)]
+        job.completed, job.failed = len(answered), len(others)
+        for kind, chosen in (("output", answered), ("error", others)):
+            if chosen:
+                text = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in chosen)
+                held = self.files.add(f"{job.id}_{kind}.jsonl", OUTPUT_PURPOSE, text.encode())
+                setattr(job, f"{kind}_file_id", held.id)
+
+
+def _check(body: BatchCreate) -> None:
+    if body.endpoint not in URLS:
+        raise bad_request(f"endpoint must be one of {', '.join(URLS)}, got {shown(body.endpoint)}", "endpoint",
+                          "invalid_value")
+    if body.completion_window != WINDOW:
+        raise bad_request(f"completion_window must be {WINDOW!r}, got {shown(body.completion_window)}",
+                          "completion_window", "invalid_value")
+    metadata = body.metadata or {}
+    if len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items()):
+        raise bad_request("metadata holds at most 16 pairs, keys of at most 64 characters and values of at most "
+                          "512", "metadata", "invalid_value")
+
+
+def _read(data: bytes, endpoint: str) -> tuple[list[BatchRequest], list[dict]]:
+    """The file's requests, and an error for each line that is not a request to `endpoint` (OpenAI's shape)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return [], [{"code": "invalid_file", "message": f"the file is not UTF-8 text ({error.reason} at byte "
+                                                        f"{error.start})", "param": None, "line": None}]
+    requests = read_requests(text.splitlines())
+    if not requests:
+        return [], [{"code": "empty_file", "message": "the file holds no requests", "param": None, "line": None}]
+    errors = []
+    for request in requests:
+        message = request.error
+        if message is None and request.url != endpoint:
+            message = f"line {request.line}: url {request.url} is not the batch's endpoint {endpoint}"
+        if message is not None:
+            errors.append({"code": "invalid_request", "message": message, "param": None, "line": request.line})
+    return requests, errors
+
+
+def _answered(line: dict) -> bool:
+    """A result line for the output file (a 200), not the error file."""
+    return line["response"] is not None and line["response"]["status_code"] == 200
+
+
+def _count(job: BatchJob, done: asyncio.Task) -> None:
+    """A request finished: the batch's live counts (a cancelled one is counted when the batch ends)."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    if _answered(done.result()):
+        job.completed += 1
+    else:
+        job.failed += 1
+
+
+_NOT_SENT: dict[str, Callable[[], tuple[str, str]]] = {
+    "cancelled": lambda: ("batch_cancelled", "the batch was cancelled before this request was answered"),
+    "expired": lambda: ("batch_expired", f"the batch's {WINDOW} window ended before this request was answered"),
+    "completed": lambda: ("internal_error", "the request was not answered (the server logged why)"),
+}
+
+
+def _result(task: asyncio.Task, request: BatchRequest, ending: str) -> dict:
+    """The request's result line: its answer, or why it has none."""
+    if not task.cancelled():
+        if task.exception() is None:
+            return task.result()
+        log.error("batch request %r was not answered", request.custom_id, exc_info=task.exception())
+    code, message = _NOT_SENT[ending]()
+    return error_line(request.custom_id, code, message)

@@ -1,0 +1,76 @@
+"""The Files API's files, held in memory: the batch files clients upload (`POST /v1/files`, purpose "batch") and the
+output and error files batches write (purpose "batch_output"), read back with `GET /v1/files/{id}/content`.
+
+Bounded by bytes: an upload that would take the store past its capacity is refused (413, naming what is held), so
+a client cannot fill the server's memory. A batch's own output is never refused (a finished batch must not lose its
+results): it counts toward the capacity, and later uploads wait for room, which deleting files makes. Nothing is
+dropped to make room, and nothing outlives the process.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+FILES_BYTES = 256 << 20  # the server's default capacity (serve --files-store)
+PURPOSES = ("batch",)  # what a client may upload: files for the Batches API
+OUTPUT_PURPOSE = "batch_output"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    id: str
+    filename: str
+    purpose: str
+    created_at: int
+    data: bytes
+
+    def card(self) -> dict:
+        """OpenAI's file object."""
+        return {"id": self.id, "object": "file", "bytes": len(self.data), "created_at": self.created_at,
+                "filename": self.filename, "purpose": self.purpose, "status": "processed", "expires_at": None,
+                "status_details": None}
+
+
+class FileStore:
+    """Files by id, oldest first. Used from the server's event loop only (no lock)."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"a file store holds at least one byte, got {capacity}")
+        self.capacity = capacity
+        self._files: dict[str, StoredFile] = {}
+
+    @property
+    def used(self) -> int:
+        return sum(len(held.data) for held in self._files.values())
+
+    def room(self) -> int:
+        """Bytes an upload may have now."""
+        return max(0, self.capacity - self.used)
+
+    def add(self, filename: str, purpose: str, data: bytes) -> StoredFile:
+        """Keep a file (the caller has checked an upload against room())."""
+        held = StoredFile("file-" + uuid.uuid4().hex, filename, purpose, int(time.time()), data)
+        self._files[held.id] = held
+        return held
+
+    def get(self, file_id: str) -> StoredFile | None:
+        return self._files.get(file_id)
+
+    def delete(self, file_id: str) -> bool:
+        return self._files.pop(file_id, None) is not None
+
+    def listed(self, purpose: str | None = None, after: str | None = None, newest_first: bool = True,
+               limit: int = 10_000) -> tuple[list[StoredFile], bool]:
+        """A page of files (of one purpose, if given) after the file `after` in the order asked; and whether more
+        follow. An `after` that is not held starts the page at the first file."""
+        files: Iterable[StoredFile] = self._files.values()
+        if purpose is not None:
+            files = [held for held in files if held.purpose == purpose]
+        ordered = list(reversed(list(files))) if newest_first else list(files)
+        ids = [held.id for held in ordered]
+        start = ids.index(after) + 1 if after in ids else 0
+        page = ordered[start:start + limit]
+        return page, start + limit < len(ordered)
