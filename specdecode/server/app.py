@@ -50,6 +50,7 @@ from specdecode.server.messages import (
     messages_error,
 )
 from specdecode.server.metrics import ServerMetrics
+from specdecode.server.pages import page, page_query
 from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
 from specdecode.server.replies import Choice, Reply, sse, whole
@@ -238,6 +239,14 @@ def create_app(service: Service) -> FastAPI:
             raise _not_kept(response_id)
         return kept.response
 
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=v1)
+    async def response_input_items(response_id: str, request: Request) -> dict:
+        asked = page_query(request.query_params, 20, 100, "input items")
+        kept = service.responses.get(response_id) if service.responses is not None else None
+        if kept is None:
+            raise _not_kept(response_id)
+        return page(kept.input_items, asked, "input items")
+
     @app.delete("/v1/responses/{response_id}", dependencies=v1)
     async def delete_response(response_id: str) -> dict:
         if service.responses is None or not service.responses.delete(response_id):
@@ -318,6 +327,7 @@ _ROUTE_ERRORS: dict[tuple[str, str], dict[int, str | None]] = {
     ("post", "/v1/batches"): {404: "no such input file", 429: "as many batches running as the server keeps"},
     ("post", "/v1/batches/{batch_id}/cancel"): {404: "no such batch", 408: None, 409: "the batch has ended",
                                                 413: None, 415: None, 429: None},
+    ("get", "/v1/responses/{response_id}/input_items"): {400: "invalid query"},
     ("get", "/v1/files"): {400: "invalid query, or the server keeps no files"},
     ("get", "/v1/batches"): {400: "invalid query, or the server keeps no batches"},
     ("get", "/v1/files/{file_id}"): {404: "no such file"},

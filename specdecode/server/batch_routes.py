@@ -23,6 +23,7 @@ from specdecode.server.batches import ENDED, BatchCreate, Batches, BatchJob
 from specdecode.server.bodies import read_body, require_json
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.file_store import PURPOSES, FileStore, StoredFile
+from specdecode.server.pages import page, page_query
 
 _Kept = TypeVar("_Kept", FileStore, Batches)
 Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]
@@ -50,14 +51,9 @@ def add_batch_routes(app: FastAPI, files: FileStore | None, batches: Batches | N
     @app.get("/v1/files", dependencies=dependencies)
     async def list_files(request: Request) -> dict:
         query = request.query_params
-        store = _kept(files)
-        purpose, after, order = query.get("purpose"), query.get("after"), query.get("order", "desc")
-        if order not in ("asc", "desc"):
-            raise bad_request(f"order must be 'asc' or 'desc', got {shown(order)}", "order", "invalid_value")
-        if after is not None and store.get(after) is None:
-            raise bad_request(f"after names no file held here: {shown(after)}", "after", "invalid_value")
-        page, more = store.listed(purpose, after, order == "desc", _limit(query.get("limit"), FILES_PAGE, FILES_PAGE))
-        return _page([held.card() for held in page], more)
+        asked = page_query(query, FILES_PAGE, FILES_PAGE, "files", extra=("purpose",))
+        purpose = query.get("purpose")
+        return page([held.card() for held in _kept(files).held() if purpose in (None, held.purpose)], asked, "files")
 
     @app.get("/v1/files/{file_id}", dependencies=dependencies)
     async def file(file_id: str) -> dict:
@@ -79,12 +75,8 @@ def add_batch_routes(app: FastAPI, files: FileStore | None, batches: Batches | N
 
     @app.get("/v1/batches", dependencies=dependencies)
     async def list_batches(request: Request) -> dict:
-        query = request.query_params
-        runs, after = _kept(batches), query.get("after")
-        if after is not None and runs.get(after) is None:
-            raise bad_request(f"after names no batch held here: {shown(after)}", "after", "invalid_value")
-        page, more = runs.listed(after, _limit(query.get("limit"), 20, BATCHES_PAGE))
-        return _page([job.card() for job in page], more)
+        asked = page_query(request.query_params, 20, BATCHES_PAGE, "batches")
+        return page([job.card() for job in _kept(batches).held()], asked, "batches")
 
     @app.get("/v1/batches/{batch_id}", dependencies=dependencies)
     async def batch(batch_id: str) -> dict:
@@ -162,20 +154,6 @@ def _kept(store: _Kept | None) -> _Kept:
         raise bad_request("this server keeps no files or batches (serve --files-store SIZE; with --replicas there "
                           "are none, as replicas share no memory)", None, "unsupported")
     return store
-
-
-def _limit(given: str | None, default: int, most: int) -> int:
-    if given is None:
-        return default
-    if not (given.isascii() and given.isdigit() and len(given) <= 6 and 1 <= int(given) <= most):
-        raise bad_request(f"limit must be a whole number from 1 to {most}, got {shown(given)}", "limit",
-                          "invalid_value")
-    return int(given)
-
-
-def _page(data: list[dict], more: bool) -> dict:
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": more}
 
 
 def _file(files: FileStore | None, file_id: str) -> StoredFile:

@@ -134,11 +134,9 @@ class Batches:
     def get(self, batch_id: str) -> BatchJob | None:
         return self._jobs.get(batch_id)
 
-    def listed(self, after: str | None, limit: int) -> tuple[list[BatchJob], bool]:
-        """A page of batches, newest first, after the batch `after` (the caller checks it is held)."""
-        ordered = list(reversed(self._jobs.values()))
-        start = [job.id for job in ordered].index(after) + 1 if after is not None else 0
-        return ordered[start:start + limit], start + limit < len(ordered)
+    def held(self) -> list[BatchJob]:
+        """Every batch kept, oldest first."""
+        return list(self._jobs.values())
 
     def cancel(self, job: BatchJob) -> None:
         """Ask a running batch to end; it is `cancelling` until its requests in flight have stopped."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 FILES_BYTES = 256 << 20  # the server's default capacity (serve --files-store)
@@ -62,15 +61,6 @@ class FileStore:
     def delete(self, file_id: str) -> bool:
         return self._files.pop(file_id, None) is not None
 
-    def listed(self, purpose: str | None = None, after: str | None = None, newest_first: bool = True,
-               limit: int = 10_000) -> tuple[list[StoredFile], bool]:
-        """A page of files (of one purpose, if given) after the file `after` in the order asked; and whether more
-        follow. An `after` that is not held starts the page at the first file."""
-        files: Iterable[StoredFile] = self._files.values()
-        if purpose is not None:
-            files = [held for held in files if held.purpose == purpose]
-        ordered = list(reversed(list(files))) if newest_first else list(files)
-        ids = [held.id for held in ordered]
-        start = ids.index(after) + 1 if after in ids else 0
-        page = ordered[start:start + limit]
-        return page, start + limit < len(ordered)
+    def held(self) -> list[StoredFile]:
+        """Every file, oldest first."""
+        return list(self._files.values())

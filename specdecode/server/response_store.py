@@ -21,11 +21,17 @@ RESPONSES_KEPT = 1024  # the server's default capacity (serve --responses-store)
 
 @dataclass(frozen=True)
 class Kept:
-    """One kept response: as answered (for GET), and its own turn's items (the input it was sent, then its output)."""
+    """One kept response: as answered (for GET), and its own turn's items (the input it was sent, then its output;
+    the first `inputs` are the input, GET /v1/responses/{id}/input_items)."""
 
     response: dict
     items: tuple[dict, ...]
     previous: str | None  # the response it continued
+    inputs: int = 0
+
+    @property
+    def input_items(self) -> tuple[dict, ...]:
+        return self.items[: self.inputs]
 
 
 class ResponseStore:

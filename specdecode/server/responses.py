@@ -358,8 +358,9 @@ class ResponseWriter:
         """The finished response, kept in the store when there is one (its input items and output, for a follow-up
         naming it)."""
         if self.store is not None:
-            items = (*self.req.own_items(), *response["output"])
-            self.store.put(self.id, Kept(response, items, self.req.previous_response_id))
+            inputs = [_with_id(item) for item in self.req.own_items()]
+            items = (*inputs, *response["output"])
+            self.store.put(self.id, Kept(response, items, self.req.previous_response_id, len(inputs)))
         return response
 
     def _event(self, kind: str, **fields) -> str:
@@ -389,6 +390,18 @@ class ResponseWriter:
 
 def _status(event: Finished) -> str:
     return "incomplete" if event.finish_reason == "length" else "completed"
+
+
+# an id for a kept input item sent without one, by its type (OpenAI gives every input item an id)
+_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+
+
+def _with_id(item: dict) -> dict:
+    """A kept input item with an id: as it was sent when it has one, else with one of its own (so it can be listed
+    and named by an item_reference)."""
+    if isinstance(item.get("id"), str):
+        return item
+    return {"id": _ID_PREFIX.get(item.get("type", "message"), "item_") + uuid.uuid4().hex, **item}
 
 
 def _message_item(text: str, status: str) -> dict:

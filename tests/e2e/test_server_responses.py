@@ -232,6 +232,32 @@ def test_a_kept_response_is_returned_and_deleted_and_one_not_held_is_refused(ser
         assert error["code"] == "previous_response_not_found" and "\n" not in error["message"]
 
 
+def test_a_kept_responses_input_items_are_listed_with_ids_and_paged(server, client):
+    """OpenAI's GET /v1/responses/{id}/input_items: the response's own input (not its chain's), each item with an
+    id (one given to an item sent without), newest first by default; an id given stays."""
+    sent = [{"role": "user", "content": "first"}, {"type": "message", "role": "user", "content": "second"},
+            {"id": "msg_mine", "type": "message", "role": "user", "content": "third"}]
+    first = client.responses.create(model=MODEL, temperature=0, input="earlier", max_output_tokens=2)
+    kept = client.responses.create(model=MODEL, temperature=0, input=sent, max_output_tokens=2,
+                                   previous_response_id=first.id)
+    listed = client.responses.input_items.list(kept.id)
+    assert [item.content for item in listed.data] == ["third", "second", "first"]  # its own input only
+    ids = [item.id for item in listed.data]
+    assert ids[0] == "msg_mine" and all(i.startswith("msg_") for i in ids) and len(set(ids)) == 3
+    oldest = client.responses.input_items.list(kept.id, order="asc", limit=2)
+    assert [item.id for item in oldest.data] == ids[::-1][:2] and oldest.has_more
+    rest = client.responses.input_items.list(kept.id, order="asc", after=oldest.data[-1].id)
+    assert [item.id for item in rest.data] == [ids[0]] and not rest.has_more
+    again = client.responses.create(model=MODEL, temperature=0, max_output_tokens=2, input=[  # ids name kept items
+        {"type": "item_reference", "id": ids[1]}, {"role": "user", "content": "more"}])
+    assert again.usage.input_tokens > 0
+    for query, param in (("limit=101", "limit"), ("order=up", "order"), ("after=msg_none", "after"),
+                         ("include=x", "include")):
+        reply = httpx.get(f"{server.url}/v1/responses/{kept.id}/input_items?{query}")
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+    assert httpx.get(f"{server.url}/v1/responses/resp_nope/input_items").status_code == 404
+
+
 def test_the_store_keeps_the_last_responses_and_a_chain_missing_a_link_is_not_continued():
     store = ResponseStore(2)
     for name, previous in (("a", None), ("b", "a"), ("c", "b")):
