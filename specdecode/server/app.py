@@ -508,7 +508,8 @@ async def _respond(service: Service, request: Request) -> Response:
         req = req.after(_earlier_items(service, req.previous_response_id))
     req = req.referenced(service.responses.item if service.responses is not None else None)
     ticket, shape, _ = await _as_chat(service, req, responses_error)
-    writer = ResponseWriter(service.config.model_name, req, shape.tools.reading, service.responses)
+    writer = ResponseWriter(service.config.model_name, req, shape.tools.reading, service.responses,
+                            lambda token: _token_text(service, token))
     return await _answer(request, ticket, writer, bool(req.stream))
 
 

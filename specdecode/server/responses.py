@@ -21,9 +21,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
+from specdecode.config import MAX_TOP_LOGPROBS
 from specdecode.server import schemas as s
 from specdecode.server.as_chat import AsChat, read_part, usage_extensions
 from specdecode.server.errors import APIError, shown
+from specdecode.server.logprobs import TokenText, chat_logprobs
 from specdecode.server.replies import collect, usage
 from specdecode.server.response_store import Kept, ResponseStore
 from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
@@ -92,6 +94,7 @@ class TextConfig(s.RequestBody):
 
 
 INPUT_ITEMS = (InputMessage, FunctionCallItem, FunctionCallOutput)  # the input items this server reads
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the one `include` this server serves
 _ITEMS: dict[str | None, type[s.RequestBody]] = {None: InputMessage, "message": InputMessage,
                                                  "function_call": FunctionCallItem,
                                                  "function_call_output": FunctionCallOutput}
@@ -111,18 +114,19 @@ class ResponsesRequest(AsChat):
     store: bool | None = None  # keep the response (None: true, as in OpenAI's API) where the server keeps responses
     metadata: dict[str, str] | None = None  # returned with the response
     previous_response_id: str | None = None  # the kept response this request continues
+    # the output text's logprobs: with LOGPROBS_INCLUDE in include, or top_logprobs > 0 (its top-N alternatives)
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # not implemented: accepted only at their neutral values
     conversation: Any = None
     background: Any = None
     reasoning: Any = None
-    include: Any = None
     truncation: Any = None
     prompt: Any = None
-    top_logprobs: Any = None
     max_tool_calls: Any = None
     NEUTRAL: ClassVar[dict[str, tuple]] = {
-        "conversation": (), "background": (False,), "reasoning": ({},),
-        "include": ([],), "truncation": ("disabled",), "prompt": (), "top_logprobs": (0,), "max_tool_calls": ()}
+        "conversation": (), "background": (False,), "reasoning": ({},), "truncation": ("disabled",), "prompt": (),
+        "max_tool_calls": ()}
     _earlier: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # the previous responses' items, oldest first
 
     def after(self, earlier: list[dict[str, Any]]) -> ResponsesRequest:
@@ -151,6 +155,22 @@ class ResponsesRequest(AsChat):
             items.append(found)
         return self.model_copy(update={"input": items})  # the earlier items (private) come with the copy
 
+    def unsupported(self) -> list[tuple[str, str]]:
+        problems = super().unsupported()
+        problems += [(f"include.{i}", f"include {shown(name)} is not supported; this server includes only "
+                                      f"{LOGPROBS_INCLUDE!r}") for i, name in enumerate(self.include or [])
+                     if name != LOGPROBS_INCLUDE]
+        if self.logprobs_wanted() is not None and self.tools and self.tool_choice != "none":
+            problems.append(("top_logprobs" if self.top_logprobs else "include", "the output text's logprobs are not "
+                             "supported with tools that may be called (chat completions give them)"))
+        return problems
+
+    def logprobs_wanted(self) -> int | None:
+        """The top-N alternatives each output token's logprob comes with (0: none), or None: no logprobs."""
+        if LOGPROBS_INCLUDE in (self.include or []) or self.top_logprobs:
+            return self.top_logprobs or 0
+        return None
+
     def own_items(self) -> list[dict[str, Any]]:
         """The input as items, as this request sent them (a text is one user message): what a kept response
         holds of its input."""
@@ -170,7 +190,8 @@ class ResponsesRequest(AsChat):
             model=self.model, messages=self._messages(), max_completion_tokens=self.max_output_tokens,
             temperature=self.temperature, top_p=self.top_p, tools=tools, tool_choice=choice,
             parallel_tool_calls=self.parallel_tool_calls, response_format=self._format(),
-            speculation=self.speculation, seed=self.seed, top_k=self.top_k)
+            speculation=self.speculation, seed=self.seed, top_k=self.top_k,
+            logprobs=True if self.logprobs_wanted() is not None else None, top_logprobs=self.logprobs_wanted())
 
     def _messages(self) -> list[s.ChatMessage]:
         """instructions, then the items; the assistant's calls join its message (one turn, as chat writes it)."""
@@ -247,15 +268,17 @@ def responses_error(error: APIError) -> APIError:
 class ResponseWriter:
     """Writes one request's reply as a Responses object, whole or as its stream of typed events."""
 
-    def __init__(self, model: str, req: ResponsesRequest, calls: Reading | None, store: ResponseStore | None = None):
-        """store: where the finished response is kept (None: not kept, or the request said `store` false)."""
-        self.model, self.req, self.calls = model, req, calls
+    def __init__(self, model: str, req: ResponsesRequest, calls: Reading | None, store: ResponseStore | None = None,
+                 token_text: TokenText | None = None):
+        """store: where the finished response is kept (None: not kept, or the request said `store` false);
+        token_text: a token's text, for the output text's logprobs (needed when the request asks for them)."""
+        self.model, self.req, self.calls, self.token_text = model, req, calls, token_text
         self.store = store if req.store is not False else None
         self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
         self.sequence = 0
 
     async def whole(self, ticket: Ticket) -> dict:
-        text, _, event = await collect(ticket)
+        text, entries, event = await collect(ticket)
         pieces = read_pieces(self.calls, text)
         status = _status(event)
         output: list[dict] = []
@@ -268,13 +291,22 @@ class ResponseWriter:
                 output.append(_message_item(piece, status))
         if not output:
             output.append(_message_item("", status))
+        if self.req.logprobs_wanted() is not None:  # no calls (unsupported() refuses them): one message
+            output[0]["content"][0]["logprobs"] = self._logprobs(entries)
         return self._kept(self._response(status, output, event))
+
+    def _logprobs(self, entries) -> list[dict]:
+        """Logprob entries as output_text's: token, logprob, bytes, top_logprobs (chat's content entries)."""
+        assert self.token_text is not None, "a request asking for logprobs needs the writer's token_text"
+        return chat_logprobs(entries, self.token_text).model_dump()["content"]
 
     async def events(self, ticket: Ticket) -> AsyncIterator[str]:
         """Responses' server-sent events: created, in progress, each output item's (a message's text deltas, a
         call whole once it has closed), then completed (incomplete at the token cap; an error event and failed
         when the request fails)."""
         reader = CallReader(self.calls) if self.calls is not None else None
+        logprobs = self.req.logprobs_wanted() is not None
+        pending: list[dict] = []  # logprob entries of tokens whose text has not been sent yet
         output: list[dict] = []
         message: dict | None = None  # the message item being written
         try:
@@ -286,6 +318,8 @@ class ResponseWriter:
                     continue
                 if isinstance(event, TextDelta | Finished):
                     text = event.text if isinstance(event, TextDelta) else ""
+                    if logprobs and isinstance(event, TextDelta) and event.logprobs:
+                        pending += self._logprobs(event.logprobs)  # sent with the next text (this may be held)
                     pieces = [text] if reader is None else reader.feed(text)
                     if isinstance(event, Finished) and reader is not None:
                         pieces += reader.close()
@@ -303,8 +337,11 @@ class ResponseWriter:
                                 for body in self._open_message(message, output):
                                     yield body
                             message["content"][0]["text"] += piece
+                            message["content"][0]["logprobs"] += pending
                             yield self._event("response.output_text.delta", item_id=message["id"],
-                                              output_index=len(output), content_index=0, delta=piece, logprobs=[])
+                                              output_index=len(output), content_index=0, delta=piece,
+                                              logprobs=pending)
+                            pending = []
                     if isinstance(event, Finished):
                         status = _status(event)
                         if message is None and not output:
@@ -312,6 +349,7 @@ class ResponseWriter:
                             for body in self._open_message(message, output):
                                 yield body
                         if message is not None:
+                            message["content"][0]["logprobs"] += pending  # tokens whose text never showed
                             for body in self._close_message(message, output, status):
                                 yield body
                         done = "response.completed" if status == "completed" else "response.incomplete"
@@ -338,7 +376,7 @@ class ResponseWriter:
         message["status"] = status
         output.append(message)
         return [self._event("response.output_text.done", item_id=message["id"], output_index=index, content_index=0,
-                            text=part["text"], logprobs=[]),
+                            text=part["text"], logprobs=part["logprobs"]),
                 self._event("response.content_part.done", item_id=message["id"], output_index=index,
                             content_index=0, part=part),
                 self._event("response.output_item.done", output_index=index, item=message)]
@@ -384,7 +422,7 @@ class ResponseWriter:
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
             "previous_response_id": req.previous_response_id, "store": self.store is not None,
-            "metadata": req.metadata or {}, "truncation": "disabled",
+            "metadata": req.metadata or {}, "truncation": "disabled", "top_logprobs": req.top_logprobs or 0,
             "usage": None if event is None else _usage(event)}
 
 

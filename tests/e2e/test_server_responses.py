@@ -118,6 +118,29 @@ def test_a_json_schema_format_is_the_chat_endpoints_response_format(client):
     assert reply.output_text == expected.choices[0].message.content and "word" in json.loads(reply.output_text)
 
 
+@pytest.mark.parametrize("asked", [{"include": ["message.output_text.logprobs"]}, {"top_logprobs": 2}])
+def test_the_output_texts_logprobs_are_the_chat_endpoints(client, asked):
+    """include's message.output_text.logprobs (or top_logprobs alone): each output token's logprob and top-N as the
+    chat endpoint gives them, whole and streamed (each delta its tokens', the done event all of them)."""
+    top = asked.get("top_logprobs", 0)
+    expected = chat(client, max_tokens=8, logprobs=True, top_logprobs=top).choices[0].logprobs.model_dump()["content"]
+    reply = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=8,
+                                    **asked)
+    assert reply.output[0].content[0].model_dump()["logprobs"] == expected and len(expected) == 8
+    assert reply.top_logprobs == top
+    stream = client.responses.create(model=MODEL, temperature=0, instructions=RULES, input=ASK, max_output_tokens=8,
+                                     stream=True, **asked)
+    deltas, done = [], None
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            deltas += [entry.model_dump() for entry in event.logprobs]
+        elif event.type == "response.output_text.done":
+            done = [entry.model_dump() for entry in event.logprobs]
+    assert deltas == done == expected
+    assert client.responses.create(model=MODEL, temperature=0, input=ASK, max_output_tokens=2).output[0].content[
+        0].logprobs == []  # not asked: none
+
+
 def test_a_conversations_calls_and_outputs_reach_the_template(client):
     call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
     expected = client.chat.completions.create(
@@ -286,7 +309,9 @@ def test_a_server_that_keeps_none_answers_store_false_and_refuses_a_follow_up(ta
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["reasoning.encrypted_content"]}, "include.0"),
+    ({"top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2, "tools": [{"type": "function", **ADD}]}, "top_logprobs"),
     ({"truncation": "auto"}, "truncation"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
     ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
