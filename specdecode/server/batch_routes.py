@@ -140,7 +140,7 @@ async def _create(request: Request, batches: Batches, timeout_s: float) -> Respo
         body = BatchCreate.model_validate_json(raw)
     except ValidationError as error:
         raise from_validation(error) from None
-    return JSONResponse(batches.create(body, request.app).card())
+    return JSONResponse((await batches.create(body, request.app)).card())
 
 
 def _no_room(files: FileStore, size: str) -> APIError:

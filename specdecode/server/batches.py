@@ -107,9 +107,10 @@ class Batches:
         self._jobs: dict[str, BatchJob] = {}
         self._gate: asyncio.Semaphore | None = None  # made in the server's loop, on the first batch
 
-    def create(self, body: BatchCreate, app: Any) -> BatchJob:
+    async def create(self, body: BatchCreate, app: Any) -> BatchJob:
         """A batch of the file `body` names, started on `app` (the ASGI app its requests go to); failed at once when
-        the file holds a line that is not a request. A 4xx for a body that names no batch file."""
+        the file holds a line that is not a request. A 4xx for a body that names no batch file. The file is read in
+        a thread of its own: a large one must not stall the streams."""
         _check(body)
         held = self.files.get(body.input_file_id)
         if held is None:
@@ -118,10 +119,10 @@ class Batches:
         if held.purpose != "batch":
             raise bad_request(f"file {held.id} has purpose {held.purpose!r}; a batch reads a file uploaded with "
                               f"purpose 'batch'", "input_file_id", "invalid_value")
+        requests, errors = await asyncio.to_thread(_read, held.data, body.endpoint)
         self._make_room()
         job = BatchJob("batch_" + uuid.uuid4().hex, body.endpoint, held.id, int(time.time()), body.metadata)
         self._jobs[job.id] = job
-        requests, errors = _read(held.data, body.endpoint)
         job.total = len(requests)
         if errors:
             job.errors = errors
@@ -188,18 +189,14 @@ class Batches:
             await every
         job.reach("finalizing")
         lines = [_result(task, request, ending) for task, request in zip(tasks, requests)]
-        self._write(job, lines)
-        job.reach(ending)
-
-    def _write(self, job: BatchJob, lines: list[dict]) -> None:
         answered = [line for line in lines if _answered(line)]
         others = [line for line in lines if not _answered(line)]
         job.completed, job.failed = len(answered), len(others)
         for kind, chosen in (("output", answered), ("error", others)):
-            if chosen:
-                text = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in chosen)
-                held = self.files.add(f"{job.id}_{kind}.jsonl", OUTPUT_PURPOSE, text.encode())
-                setattr(job, f"{kind}_file_id", held.id)
+            if chosen:  # written in a thread of its own, as the file was read
+                data = await asyncio.to_thread(_jsonl, chosen)
+                setattr(job, f"{kind}_file_id", self.files.add(f"{job.id}_{kind}.jsonl", OUTPUT_PURPOSE, data).id)
+        job.reach(ending)
 
 
 def _check(body: BatchCreate) -> None:
@@ -233,6 +230,10 @@ def _read(data: bytes, endpoint: str) -> tuple[list[BatchRequest], list[dict]]:
         if message is not None:
             errors.append({"code": "invalid_request", "message": message, "param": None, "line": request.line})
     return requests, errors
+
+
+def _jsonl(lines: list[dict]) -> bytes:
+    return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines).encode()
 
 
 def _answered(line: dict) -> bool:

@@ -228,8 +228,8 @@ def _slow_app(seconds: float, seen: dict) -> FastAPI:
 def _run(files: FileStore, batches: Batches, app: FastAPI, count: int, until) -> dict:
     async def go() -> dict:
         held = files.add("in.jsonl", "batch", _file([CHAT] * count))
-        job = batches.create(BatchCreate(input_file_id=held.id, endpoint="/v1/chat/completions",
-                                         completion_window="24h"), app)
+        job = await batches.create(BatchCreate(input_file_id=held.id, endpoint="/v1/chat/completions",
+                                               completion_window="24h"), app)
         await until(job)
         while job.status not in ("completed", "expired", "cancelled"):
             await asyncio.sleep(0.01)
