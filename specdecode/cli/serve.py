@@ -262,8 +262,9 @@ def register(subparsers, name: str) -> None:
                         help="seconds an idle keep-alive connection stays open")
     parser.add_argument("--responses-store", type=int, default=None, metavar="N",
                         help="Responses API responses kept in memory for previous_response_id and GET "
-                             f"/v1/responses/ID, least recently used dropped first (default {RESPONSES_KEPT}; 0: "
-                             "none; with --replicas none, as replicas do not share them)")
+                             "/v1/responses/ID, and as many conversations (/v1/conversations), least recently used "
+                             f"dropped first (default {RESPONSES_KEPT}; 0: none; with --replicas none, as replicas "
+                             "do not share them)")
     parser.add_argument("--files-store", type=store_size, default=None, metavar="BYTES",
                         help="memory for the Files API's files (batch inputs uploaded to /v1/files and the "
                              "outputs of /v1/batches), in bytes or with a unit; an upload beyond it is answered 413 "

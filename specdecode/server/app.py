@@ -39,6 +39,9 @@ from specdecode.server.as_chat import AsChat
 from specdecode.server.batch_routes import add_batch_routes
 from specdecode.server.batches import BatchCreate, Batches
 from specdecode.server.bodies import read_body, require_json
+from specdecode.server.conversation_routes import SCHEMAS as CONVERSATION_BODIES
+from specdecode.server.conversation_routes import add_conversation_routes
+from specdecode.server.conversation_store import ConversationStore
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.file_store import FILES_BYTES, FileStore
 from specdecode.server.messages import (
@@ -118,6 +121,7 @@ class Service:
     responses: ResponseStore | None = None  # kept Responses API responses; None: none are kept
     files: FileStore | None = None  # the Files API's files; None: no Files or Batches API
     batches: Batches | None = None  # the Batches API's batches (with files)
+    conversations: ConversationStore | None = None  # the Conversations API's (kept as responses are)
 
     @property
     def drafters(self) -> list[str]:
@@ -142,12 +146,14 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
     added = getattr(target.tokenizer, "get_added_vocab", dict)()
     kept = ResponseStore(config.responses_kept) if config.responses_kept > 0 else None
+    conversations = ConversationStore(config.responses_kept) if config.responses_kept > 0 else None
     files = FileStore(config.files_bytes) if config.files_bytes > 0 else None
     # a batch keeps at most half of the rows busy, so interactive requests keep the other half
     batches = None if files is None else Batches(files, max(1, config.max_batch // 2), config.api_key,
                                                   _own_host(config.allowed_hosts))
     return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
-                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept, files, batches)
+                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept, files, batches,
+                   conversations)
 
 
 def _own_host(allowed: tuple[str, ...] | None) -> str:
@@ -283,6 +289,8 @@ def create_app(service: Service) -> FastAPI:
 
     add_batch_routes(app, service.files, service.batches, v1, service.config.body_timeout_s,
                      lambda endpoint, work: _counted(service, endpoint, work))
+    add_conversation_routes(app, service.conversations, v1, service.config.max_body_bytes,
+                            service.config.body_timeout_s, lambda endpoint, work: _counted(service, endpoint, work))
     add_playground(app)  # GET /: the page is public; its API calls carry the key the user types
     app.openapi = lambda: _openapi(app, service)  # type: ignore[method-assign]
     return app
@@ -328,6 +336,14 @@ _ROUTE_ERRORS: dict[tuple[str, str], dict[int, str | None]] = {
     ("post", "/v1/batches/{batch_id}/cancel"): {404: "no such batch", 408: None, 409: "the batch has ended",
                                                 413: None, 415: None, 429: None},
     ("get", "/v1/responses/{response_id}/input_items"): {400: "invalid query"},
+    ("post", "/v1/conversations"): {404: None, 429: None},
+    ("post", "/v1/conversations/{conversation_id}"): {404: "no such conversation", 429: None},
+    ("post", "/v1/conversations/{conversation_id}/items"): {404: "no such conversation", 429: None},
+    ("get", "/v1/conversations/{conversation_id}"): {404: "no such conversation"},
+    ("get", "/v1/conversations/{conversation_id}/items"): {400: "invalid query", 404: "no such conversation"},
+    ("get", "/v1/conversations/{conversation_id}/items/{item_id}"): {404: "no such conversation or item"},
+    ("delete", "/v1/conversations/{conversation_id}"): {404: "no such conversation"},
+    ("delete", "/v1/conversations/{conversation_id}/items/{item_id}"): {404: "no such conversation or item"},
     ("get", "/v1/files"): {400: "invalid query, or the server keeps no files"},
     ("get", "/v1/batches"): {400: "invalid query, or the server keeps no batches"},
     ("get", "/v1/files/{file_id}"): {404: "no such file"},
@@ -344,8 +360,8 @@ def _openapi(app: FastAPI, service: Service) -> dict:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(_request_schemas(service))
-        schemas.update(models_json_schema([(BatchCreate, "validation")], ref_template="#/components/schemas/{model}")
-                       [1]["$defs"])
+        schemas.update(models_json_schema([(body, "validation") for body in (BatchCreate, *CONVERSATION_BODIES)],
+                                          ref_template="#/components/schemas/{model}")[1]["$defs"])
         schemas.update(models_json_schema([(s.ErrorBody, "serialization")],
                                           ref_template="#/components/schemas/{model}")[1]["$defs"])
         error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
@@ -506,10 +522,12 @@ async def _respond(service: Service, request: Request) -> Response:
     req = await _body(service, request, ResponsesRequest)
     if req.previous_response_id is not None:
         req = req.after(_earlier_items(service, req.previous_response_id))
-    req = req.referenced(service.responses.item if service.responses is not None else None)
+    elif req.conversation_id is not None:
+        req = req.after(_conversation_items(service, req.conversation_id), "conversation")
+    req = req.referenced(_kept_item(service) if service.responses is not None else None)
     ticket, shape, _ = await _as_chat(service, req, responses_error)
     writer = ResponseWriter(service.config.model_name, req, shape.tools.reading, service.responses,
-                            lambda token: _token_text(service, token))
+                            lambda token: _token_text(service, token), service.conversations)
     return await _answer(request, ticket, writer, bool(req.stream))
 
 
@@ -525,6 +543,28 @@ def _earlier_items(service: Service, response_id: str) -> list[dict]:
                             f"{service.responses.capacity} responses)", param="previous_response_id",
                        code="previous_response_not_found")
     return items
+
+
+def _conversation_items(service: Service, conversation_id: str) -> list[dict]:
+    """The items of the conversation a response continues, or a 4xx naming why not."""
+    if service.conversations is None:
+        raise APIError(400, "conversation needs a server that keeps conversations; this one keeps none "
+                            "(serve --responses-store N)", param="conversation", code="unsupported")
+    held = service.conversations.get(conversation_id)
+    if held is None:
+        raise APIError(404, f"no conversation with id {shown(conversation_id)} is held here (never made, deleted, "
+                            "or dropped for room)", "not_found_error", param="conversation", code="not_found")
+    return list(held.items)
+
+
+def _kept_item(service: Service) -> Callable[[str], dict | None]:
+    """An item_reference's target: a kept response's item, else a conversation's."""
+    def lookup(item_id: str) -> dict | None:
+        found = service.responses.item(item_id) if service.responses is not None else None
+        if found is None and service.conversations is not None:
+            found = service.conversations.item(item_id)
+        return found
+    return lookup
 
 
 def _not_kept(response_id: str) -> APIError:

@@ -24,6 +24,7 @@ from pydantic import Field, PrivateAttr
 from specdecode.config import MAX_TOP_LOGPROBS
 from specdecode.server import schemas as s
 from specdecode.server.as_chat import AsChat, read_part, usage_extensions
+from specdecode.server.conversation_store import ConversationStore, with_id
 from specdecode.server.errors import APIError, shown
 from specdecode.server.logprobs import TokenText, chat_logprobs
 from specdecode.server.replies import collect, usage
@@ -100,6 +101,10 @@ _ITEMS: dict[str | None, type[s.RequestBody]] = {None: InputMessage, "message": 
                                                  "function_call_output": FunctionCallOutput}
 
 
+class ConversationRef(s.RequestBody):
+    id: str
+
+
 class ResponsesRequest(AsChat):
     input: str | list[dict[str, Any]]  # a text, or items: read by items(), each 400 naming its place
     instructions: str | None = None
@@ -117,22 +122,27 @@ class ResponsesRequest(AsChat):
     # the output text's logprobs: with LOGPROBS_INCLUDE in include, or top_logprobs > 0 (its top-N alternatives)
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    conversation: str | ConversationRef | None = None  # the conversation (conversation_store.py) it continues
     # not implemented: accepted only at their neutral values
-    conversation: Any = None
     background: Any = None
     reasoning: Any = None
     truncation: Any = None
     prompt: Any = None
     max_tool_calls: Any = None
     NEUTRAL: ClassVar[dict[str, tuple]] = {
-        "conversation": (), "background": (False,), "reasoning": ({},), "truncation": ("disabled",), "prompt": (),
-        "max_tool_calls": ()}
-    _earlier: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # the previous responses' items, oldest first
+        "background": (False,), "reasoning": ({},), "truncation": ("disabled",), "prompt": (), "max_tool_calls": ()}
+    _earlier: list[dict[str, Any]] = PrivateAttr(default_factory=list)  # the earlier items, oldest first
+    _source: str = PrivateAttr(default="previous_response_id")  # where they come from (named in a 400)
 
-    def after(self, earlier: list[dict[str, Any]]) -> ResponsesRequest:
-        """This request continuing a conversation whose items (kept responses' input and output) come first."""
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
+
+    def after(self, earlier: list[dict[str, Any]], source: str = "previous_response_id") -> ResponsesRequest:
+        """This request continuing a conversation whose items (kept responses', or a conversation's: `source`)
+        come first."""
         continued = self.model_copy()
-        continued._earlier = earlier
+        continued._earlier, continued._source = earlier, source
         return continued
 
     def referenced(self, lookup: Callable[[str], dict | None] | None) -> ResponsesRequest:
@@ -157,6 +167,9 @@ class ResponsesRequest(AsChat):
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
+        if self.conversation is not None and self.previous_response_id is not None:
+            problems.append(("conversation", "conversation and previous_response_id cannot both be given: each names "
+                                             "the conversation the response continues"))
         problems += [(f"include.{i}", f"include {shown(name)} is not supported; this server includes only "
                                       f"{LOGPROBS_INCLUDE!r}") for i, name in enumerate(self.include or [])
                      if name != LOGPROBS_INCLUDE]
@@ -214,10 +227,10 @@ class ResponsesRequest(AsChat):
     def items(self) -> list[InputMessage | FunctionCallItem | FunctionCallOutput]:
         """The earlier responses' items, then the input's, each read by its type; one this server does not know is
         a 400 naming it."""
-        items = [_item(raw, "previous_response_id") for raw in self._earlier]
+        items = [read_item(raw, self._source) for raw in self._earlier]
         if isinstance(self.input, str):
             return [*items, InputMessage(role="user", content=self.input)]
-        return [*items, *(_item(raw, f"input.{i}") for i, raw in enumerate(self.input))]
+        return [*items, *(read_item(raw, f"input.{i}") for i, raw in enumerate(self.input))]
 
     def _format(self) -> s.ResponseFormat | None:
         fmt = self.text.format if self.text is not None else None
@@ -232,7 +245,7 @@ class ResponsesRequest(AsChat):
             name=fmt.name, description=fmt.description, schema=fmt.schema_, strict=fmt.strict))
 
 
-def _item(raw: dict[str, Any], where: str) -> InputMessage | FunctionCallItem | FunctionCallOutput:
+def read_item(raw: dict[str, Any], where: str) -> InputMessage | FunctionCallItem | FunctionCallOutput:
     kind = raw.get("type")
     if not isinstance(kind, str | None) or kind not in _ITEMS:
         raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, function_call, "
@@ -269,10 +282,12 @@ class ResponseWriter:
     """Writes one request's reply as a Responses object, whole or as its stream of typed events."""
 
     def __init__(self, model: str, req: ResponsesRequest, calls: Reading | None, store: ResponseStore | None = None,
-                 token_text: TokenText | None = None):
+                 token_text: TokenText | None = None, conversations: ConversationStore | None = None):
         """store: where the finished response is kept (None: not kept, or the request said `store` false);
-        token_text: a token's text, for the output text's logprobs (needed when the request asks for them)."""
+        token_text: a token's text, for the output text's logprobs (needed when the request asks for them);
+        conversations: where the request's conversation is, which the finished response's items join."""
         self.model, self.req, self.calls, self.token_text = model, req, calls, token_text
+        self.conversations = conversations
         self.store = store if req.store is not False else None
         self.id, self.created = "resp_" + uuid.uuid4().hex, int(time.time())
         self.sequence = 0
@@ -394,11 +409,15 @@ class ResponseWriter:
 
     def _kept(self, response: dict) -> dict:
         """The finished response, kept in the store when there is one (its input items and output, for a follow-up
-        naming it)."""
+        naming it); its input and output items join the conversation it continues."""
+        inputs = [with_id(item) for item in self.req.own_items()]
         if self.store is not None:
-            inputs = [_with_id(item) for item in self.req.own_items()]
             items = (*inputs, *response["output"])
             self.store.put(self.id, Kept(response, items, self.req.previous_response_id, len(inputs)))
+        conversation = self.req.conversation_id
+        held = self.conversations.get(conversation) if self.conversations is not None and conversation else None
+        if held is not None:  # (deleted while the response was written: nothing to join)
+            held.items += [*inputs, *response["output"]]
         return response
 
     def _event(self, kind: str, **fields) -> str:
@@ -423,23 +442,12 @@ class ResponseWriter:
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
             "previous_response_id": req.previous_response_id, "store": self.store is not None,
             "metadata": req.metadata or {}, "truncation": "disabled", "top_logprobs": req.top_logprobs or 0,
+            "conversation": {"id": req.conversation_id} if req.conversation is not None else None,
             "usage": None if event is None else _usage(event)}
 
 
 def _status(event: Finished) -> str:
     return "incomplete" if event.finish_reason == "length" else "completed"
-
-
-# an id for a kept input item sent without one, by its type (OpenAI gives every input item an id)
-_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
-
-
-def _with_id(item: dict) -> dict:
-    """A kept input item with an id: as it was sent when it has one, else with one of its own (so it can be listed
-    and named by an item_reference)."""
-    if isinstance(item.get("id"), str):
-        return item
-    return {"id": _ID_PREFIX.get(item.get("type", "message"), "item_") + uuid.uuid4().hex, **item}
 
 
 def _message_item(text: str, status: str) -> dict:

@@ -38,7 +38,7 @@ def server(tiny_target):
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
                                   "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/v1/files",
-                                  "/v1/batches"])
+                                  "/v1/batches", "/v1/conversations"])
 def test_fuzzed_bodies_never_get_a_5xx(server, path, mode):
     operation = schemathesis.openapi.from_url(server.url + "/openapi.json")[path]["POST"]
     statuses: dict[int, int] = {}

@@ -307,7 +307,7 @@ def test_a_server_that_keeps_none_answers_store_false_and_refuses_a_follow_up(ta
 
 @pytest.mark.parametrize("fields,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
     ({"background": True}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include.0"),
     ({"top_logprobs": 21}, "top_logprobs"),

@@ -1,0 +1,163 @@
+"""The routes of OpenAI's Conversations API: `/v1/conversations` (create, read, update its metadata, delete) and its
+items (add, list, read, delete). What they keep: conversation_store.py; a Responses request naming a conversation
+continues it (app.py).
+
+Items are checked as a Responses request's input items are (messages, function calls and their outputs; a 400
+names the place of one that is not). A server that keeps no responses (`serve --responses-store 0`, or
+`--replicas`) keeps no conversations: creating one is a 400 naming the flag, reading one a 404.
+"""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specdecode.server.bodies import read_body, require_json
+from specdecode.server.conversation_store import Conversation, ConversationStore, with_id
+from specdecode.server.errors import APIError, bad_request, from_validation, shown
+from specdecode.server.pages import PageQuery, page, page_query
+from specdecode.server.responses import read_item
+
+Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ConversationCreate(_Body):
+    items: list[dict[str, Any]] | None = None
+    metadata: dict[str, str] | None = None
+
+
+class ConversationUpdate(_Body):
+    metadata: dict[str, str]
+
+
+class ItemsAdd(_Body):
+    items: list[dict[str, Any]] = Field(min_length=1)
+
+
+def add_conversation_routes(app: FastAPI, conversations: ConversationStore | None, dependencies: list,
+                            limit: int, timeout_s: float, counted: Counted) -> None:
+    """limit, timeout_s: a body's most bytes and the most its arrival may take; counted: counts each answer on
+    /metrics by endpoint and status."""
+
+    async def body(request: Request, schema: type[_Body]) -> Any:
+        require_json(request)
+        raw = await read_body(request, limit, timeout_s)
+        try:
+            return schema.model_validate_json(raw)
+        except ValidationError as error:
+            raise from_validation(error) from None
+
+    async def create(request: Request) -> Response:
+        store = _kept(conversations)
+        req = await body(request, ConversationCreate)
+        _check_metadata(req.metadata)
+        items = _checked(req.items or [])
+        return JSONResponse(store.create(items, req.metadata).card())
+
+    async def add(request: Request, conversation_id: str) -> Response:
+        held = _held(conversations, conversation_id)
+        req = await body(request, ItemsAdd)
+        items = [with_id(item) for item in _checked(req.items)]
+        held.items += items
+        return JSONResponse(page(items, PageQuery(len(items), newest_first=False, after=None), "items"))
+
+    async def update(request: Request, conversation_id: str) -> Response:
+        held = _held(conversations, conversation_id)
+        req = await body(request, ConversationUpdate)
+        _check_metadata(req.metadata)
+        held.metadata = dict(req.metadata)
+        return JSONResponse(held.card())
+
+    @app.post("/v1/conversations", dependencies=dependencies, openapi_extra=_json("ConversationCreate"))
+    async def create_conversation(request: Request) -> Response:
+        return await counted("conversations", create(request))
+
+    @app.get("/v1/conversations/{conversation_id}", dependencies=dependencies)
+    async def conversation(conversation_id: str) -> dict:
+        return _held(conversations, conversation_id).card()
+
+    @app.post("/v1/conversations/{conversation_id}", dependencies=dependencies,
+              openapi_extra=_json("ConversationUpdate"))
+    async def update_conversation(conversation_id: str, request: Request) -> Response:
+        return await counted("conversations", update(request, conversation_id))
+
+    @app.delete("/v1/conversations/{conversation_id}", dependencies=dependencies)
+    async def delete_conversation(conversation_id: str) -> dict:
+        if conversations is None or not conversations.delete(conversation_id):
+            raise _not_held(conversation_id)
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+    @app.post("/v1/conversations/{conversation_id}/items", dependencies=dependencies,
+              openapi_extra=_json("ItemsAdd"))
+    async def add_items(conversation_id: str, request: Request) -> Response:
+        return await counted("conversations", add(request, conversation_id))
+
+    @app.get("/v1/conversations/{conversation_id}/items", dependencies=dependencies)
+    async def list_items(conversation_id: str, request: Request) -> dict:
+        asked = page_query(request.query_params, 20, 100, "conversation items")
+        return page(_held(conversations, conversation_id).items, asked, "items")
+
+    @app.get("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=dependencies)
+    async def item(conversation_id: str, item_id: str) -> dict:
+        return _item_of(_held(conversations, conversation_id), item_id)
+
+    @app.delete("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=dependencies)
+    async def delete_item(conversation_id: str, item_id: str) -> dict:
+        held = _held(conversations, conversation_id)
+        held.items.remove(_item_of(held, item_id))
+        return held.card()
+
+
+SCHEMAS = (ConversationCreate, ConversationUpdate, ItemsAdd)  # the request bodies, for the OpenAPI document
+
+
+def _json(name: str) -> dict:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "$ref": f"#/components/schemas/{name}"}}}}}
+
+
+def _checked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items, each read as a Responses input item (a 400 names the place of one that is not)."""
+    for i, raw in enumerate(items):
+        read_item(raw, f"items.{i}")
+    return items
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata and (len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items())):
+        raise bad_request("metadata holds at most 16 pairs, keys of at most 64 characters and values of at most "
+                          "512", "metadata", "invalid_value")
+
+
+def _kept(conversations: ConversationStore | None) -> ConversationStore:
+    if conversations is None:
+        raise bad_request("this server keeps no conversations (serve --responses-store N; with --replicas none, as "
+                          "replicas share no memory)", None, "unsupported")
+    return conversations
+
+
+def _held(conversations: ConversationStore | None, conversation_id: str) -> Conversation:
+    held = conversations.get(conversation_id) if conversations is not None else None
+    if held is None:
+        raise _not_held(conversation_id)
+    return held
+
+
+def _not_held(conversation_id: str) -> APIError:
+    return APIError(404, f"no conversation with id {shown(conversation_id)} is held here (never made, deleted, or "
+                         "dropped for room)", "not_found_error", param="conversation_id", code="not_found")
+
+
+def _item_of(held: Conversation, item_id: str) -> dict:
+    found = next((item for item in held.items if item["id"] == item_id), None)
+    if found is None:
+        raise APIError(404, f"conversation {held.id} holds no item with id {shown(item_id)}", "not_found_error",
+                       param="item_id", code="not_found")
+    return found
