@@ -257,7 +257,7 @@ def test_a_batch_past_its_window_expires_with_an_error_line_for_each_request_lef
                 lambda job: asyncio.sleep(0))
     assert card["status"] == "expired" and card["expired_at"] is not None
     answered, errors = _lines_of(files, card["output_file_id"]), _lines_of(files, card["error_file_id"])
-    assert 1 <= len(answered) <= 4 and len(answered) + len(errors) == 10
+    assert len(answered) <= 4 and len(answered) + len(errors) == 10  # one request at a time, 0.1 s each
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}
 
 
@@ -266,7 +266,8 @@ def test_shutting_down_cancels_a_running_batch_and_keeps_what_it_answered():
     batches = Batches(files, concurrency=1, api_key=None)
 
     async def shut(job) -> None:
-        await asyncio.sleep(0.15)
+        while job.completed < 1:  # one answered, whatever the machine's speed
+            await asyncio.sleep(0.01)
         await batches.close()
     card = _run(files, batches, _slow_app(0.05, {}), 20, shut)
     assert card["status"] == "cancelled"
