@@ -216,7 +216,8 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
-        card = s.ModelCard(id=service.config.model_name, created=service.created)
+        card = s.ModelCard(id=service.config.model_name, created=service.created,
+                           max_model_len=service.target.max_positions)
         return s.ModelList(data=[card]).model_dump()
 
     @app.get("/v1/models/{model:path}", dependencies=v1)
@@ -224,7 +225,7 @@ def create_app(service: Service) -> FastAPI:
         if model != service.config.model_name:
             raise APIError(404, f"model {shown(model)} does not exist; this server serves "
                                 f"{service.config.model_name!r}", param="model", code="model_not_found")
-        return s.ModelCard(id=model, created=service.created).model_dump()
+        return s.ModelCard(id=model, created=service.created, max_model_len=service.target.max_positions).model_dump()
 
     @app.post("/v1/completions", dependencies=v1, openapi_extra=_json_body(s.CompletionRequest))
     async def completions(request: Request) -> Response:

@@ -523,6 +523,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "specdecode"
+    max_model_len: int | None = None  # vLLM's: the context a prompt and its answer share (clients size prompts by it)
 
 
 class ModelList(BaseModel):

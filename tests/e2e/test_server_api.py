@@ -70,7 +70,7 @@ def _free_rows(server) -> list[int]:
     return sorted(server.app.state.service.scheduler.engine._free_rows)
 
 
-def test_models_health_and_metrics(server, client):
+def test_models_health_and_metrics(server, client, tiny_target):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert _state(server)["status"] == "ok"
     client.completions.create(model=MODEL, prompt="metrics please", max_tokens=4, temperature=0)
@@ -81,6 +81,8 @@ def test_models_health_and_metrics(server, client):
         assert name in text, name
     assert 'specdecode_requests_total{endpoint="completions",status="200"}' in text
     assert client.models.retrieve(MODEL).id == MODEL  # GET /v1/models/{model}
+    context = tiny_target.max_positions  # vLLM's max_model_len, which clients size their prompts by
+    assert client.models.retrieve(MODEL).max_model_len == context == client.models.list().data[0].max_model_len
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4")
 
