@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from specdecode.server.batch_file import URLS, BatchRequest, answer, app_client, error_line, read_requests
 from specdecode.server.errors import APIError, bad_request, shown
 from specdecode.server.file_store import OUTPUT_PURPOSE, FileStore
+from specdecode.server.schemas import Metadata
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class BatchCreate(BaseModel):
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 @dataclass
@@ -206,10 +207,6 @@ def _check(body: BatchCreate) -> None:
     if body.completion_window != WINDOW:
         raise bad_request(f"completion_window must be {WINDOW!r}, got {shown(body.completion_window)}",
                           "completion_window", "invalid_value")
-    metadata = body.metadata or {}
-    if len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items()):
-        raise bad_request("metadata holds at most 16 pairs, keys of at most 64 characters and values of at most "
-                          "512", "metadata", "invalid_value")
 
 
 def _read(data: bytes, endpoint: str) -> tuple[list[BatchRequest], list[dict]]:

@@ -20,6 +20,7 @@ from specdecode.server.conversation_store import Conversation, ConversationStore
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.pages import PageQuery, page, page_query
 from specdecode.server.responses import read_item
+from specdecode.server.schemas import Metadata
 
 Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]
 
@@ -30,11 +31,11 @@ class _Body(BaseModel):
 
 class ConversationCreate(_Body):
     items: list[dict[str, Any]] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 class ConversationUpdate(_Body):
-    metadata: dict[str, str]
+    metadata: Metadata
 
 
 class ItemsAdd(_Body):
@@ -57,7 +58,6 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
     async def create(request: Request) -> Response:
         store = _kept(conversations)
         req = await body(request, ConversationCreate)
-        _check_metadata(req.metadata)
         items = _checked(req.items or [])
         return JSONResponse(store.create(items, req.metadata).card())
 
@@ -71,7 +71,6 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
     async def update(request: Request, conversation_id: str) -> Response:
         held = _held(conversations, conversation_id)
         req = await body(request, ConversationUpdate)
-        _check_metadata(req.metadata)
         held.metadata = dict(req.metadata)
         return JSONResponse(held.card())
 
@@ -128,12 +127,6 @@ def _checked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, raw in enumerate(items):
         read_item(raw, f"items.{i}")
     return items
-
-
-def _check_metadata(metadata: dict[str, str] | None) -> None:
-    if metadata and (len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items())):
-        raise bad_request("metadata holds at most 16 pairs, keys of at most 64 characters and values of at most "
-                          "512", "metadata", "invalid_value")
 
 
 def _kept(conversations: ConversationStore | None) -> ConversationStore:

@@ -28,9 +28,9 @@ grammar-forced tokens) and OpenAI's `usage.prompt_tokens_details.cached_tokens` 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from specdecode.config import MAX_TOP_LOGPROBS, REPETITION_PENALTY, Structure
 from specdecode.errors import ConfigError
@@ -38,6 +38,16 @@ from specdecode.errors import ConfigError
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # OpenAI's logit_bias keys: token ids as strings
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 MAX_CHOICES = 128  # OpenAI's bound on n; a request's choices (prompts x n) are also bounded by the server's queue
+
+
+def _bounded_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    if len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items()):
+        raise ValueError("metadata holds at most 16 pairs, keys of at most 64 characters and values of at most 512")
+    return metadata
+
+
+# OpenAI's metadata on the objects a client makes here (batches, conversations), with OpenAI's bounds
+Metadata = Annotated[dict[str, str], AfterValidator(_bounded_metadata)]
 
 
 class RequestBody(BaseModel):
