@@ -18,7 +18,15 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
-from specdecode.server.service import AUTO_KV_SHARE, FILES_BYTES, K_POLICIES, RESPONSES_KEPT, ServeConfig, build_service
+from specdecode.server.service import (
+    AUTO_KV_SHARE,
+    CONVERSATION_BYTES,
+    FILES_BYTES,
+    K_POLICIES,
+    RESPONSES_KEPT,
+    ServeConfig,
+    build_service,
+)
 
 API_KEY_ENV = "SPECDECODE_API_KEY"
 MAX_HEADER_BYTES = 16 << 10  # the largest request head; a larger one is answered 431 (connections.py)
@@ -71,7 +79,8 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
     allowed = tuple(n.strip() for n in args.allow_drafters.split(",") if n.strip())
     config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
-                         args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args), files_bytes(args))
+                         args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args), files_bytes(args),
+                         conversation_bytes(args))
     config.resolved()  # for its checks
     return config
 
@@ -86,6 +95,17 @@ def responses_kept(args: argparse.Namespace) -> int:
         return 0 if replicas is not None else RESPONSES_KEPT
     if given < 0:
         raise ConfigError(f"--responses-store must be >= 0, got {given}")
+    return given
+
+
+def conversation_bytes(args: argparse.Namespace) -> int:
+    """--conversation-store: the default where the server is one process; none with --replicas (as for kept
+    responses)."""
+    given, replicas = getattr(args, "conversation_store", None), getattr(args, "replicas", None)
+    if given is not None and replicas is not None and given > 0:
+        raise ConfigError("--conversation-store needs a single server: replicas do not share conversations")
+    if given is None:
+        return 0 if replicas is not None else CONVERSATION_BYTES
     return given
 
 
@@ -265,6 +285,11 @@ def register(subparsers, name: str) -> None:
                              "/v1/responses/ID, and as many conversations (/v1/conversations), least recently used "
                              f"dropped first (default {RESPONSES_KEPT}; 0: none; with --replicas none, as replicas "
                              "do not share them)")
+    parser.add_argument("--conversation-store", type=store_size, default=None, metavar="BYTES",
+                        help="memory for the Conversations API's items and metadata (as JSON), in bytes or with a "
+                             "unit; least recently used conversations are dropped past it, and an add that would "
+                             f"take one conversation past it is answered 413 (default {CONVERSATION_BYTES >> 20}MiB; "
+                             "0: no conversations; with --replicas none)")
     parser.add_argument("--files-store", type=store_size, default=None, metavar="BYTES",
                         help="memory for the Files API's files (batch inputs uploaded to /v1/files and the "
                              "outputs of /v1/batches), in bytes or with a unit; an upload beyond it is answered 413 "

@@ -41,7 +41,7 @@ from specdecode.server.batches import BatchCreate, Batches
 from specdecode.server.bodies import read_body, require_json
 from specdecode.server.conversation_routes import SCHEMAS as CONVERSATION_BODIES
 from specdecode.server.conversation_routes import add_conversation_routes
-from specdecode.server.conversation_store import ConversationStore
+from specdecode.server.conversation_store import CONVERSATION_BYTES, ConversationStore
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.file_store import FILES_BYTES, FileStore
 from specdecode.server.messages import (
@@ -102,6 +102,8 @@ class ServerConfig:
     responses_kept: int = RESPONSES_KEPT
     # bytes of files the Files API holds (uploads, and the batches' output); 0: no Files or Batches API
     files_bytes: int = FILES_BYTES
+    # bytes of conversation items and metadata kept, as JSON (conversation_store.py); 0 (or responses_kept 0): none
+    conversation_bytes: int = CONVERSATION_BYTES
 
 
 @dataclass
@@ -146,7 +148,8 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
     added = getattr(target.tokenizer, "get_added_vocab", dict)()
     kept = ResponseStore(config.responses_kept) if config.responses_kept > 0 else None
-    conversations = ConversationStore(config.responses_kept) if config.responses_kept > 0 else None
+    conversations = (ConversationStore(config.responses_kept, config.conversation_bytes)
+                     if config.responses_kept > 0 and config.conversation_bytes > 0 else None)
     files = FileStore(config.files_bytes) if config.files_bytes > 0 else None
     # a batch keeps at most half of the rows busy, so interactive requests keep the other half
     batches = None if files is None else Batches(files, max(1, config.max_batch // 2), config.api_key,

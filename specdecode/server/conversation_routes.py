@@ -3,8 +3,10 @@ items (add, list, read, delete). What they keep: conversation_store.py; a Respon
 continues it (app.py).
 
 Items are checked as a Responses request's input items are (messages, function calls and their outputs; a 400
-names the place of one that is not). A server that keeps no responses (`serve --responses-store 0`, or
-`--replicas`) keeps no conversations: creating one is a 400 naming the flag, reading one a 404.
+names the place of one that is not), at most 20 a request as in OpenAI's API; an add that would take a conversation
+past the store's bytes (`serve --conversation-store`) is a 413. A server that keeps no responses or conversations
+(`serve --responses-store 0` or `--conversation-store 0`, or `--replicas`) keeps no conversations: creating one is
+a 400 naming the flags, reading one a 404.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdecode.server.bodies import read_body, require_json
-from specdecode.server.conversation_store import Conversation, ConversationStore, with_id
+from specdecode.server.conversation_store import ITEMS_PER_REQUEST, Conversation, ConversationStore, TooLarge
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.pages import PageQuery, page, page_query
 from specdecode.server.responses import read_item
@@ -30,7 +32,7 @@ class _Body(BaseModel):
 
 
 class ConversationCreate(_Body):
-    items: list[dict[str, Any]] | None = None
+    items: list[dict[str, Any]] | None = Field(default=None, max_length=ITEMS_PER_REQUEST)
     metadata: Metadata | None = None
 
 
@@ -39,7 +41,7 @@ class ConversationUpdate(_Body):
 
 
 class ItemsAdd(_Body):
-    items: list[dict[str, Any]] = Field(min_length=1)
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=ITEMS_PER_REQUEST)
 
 
 def add_conversation_routes(app: FastAPI, conversations: ConversationStore | None, dependencies: list,
@@ -59,19 +61,24 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
         store = _kept(conversations)
         req = await body(request, ConversationCreate)
         items = _checked(req.items or [])
-        return JSONResponse(store.create(items, req.metadata).card())
+        try:
+            return JSONResponse(store.create(items, req.metadata).card())
+        except TooLarge as error:
+            raise _too_large(error) from None
 
     async def add(request: Request, conversation_id: str) -> Response:
-        held = _held(conversations, conversation_id)
+        held, store = _held(conversations, conversation_id), _kept(conversations)
         req = await body(request, ItemsAdd)
-        items = [with_id(item) for item in _checked(req.items)]
-        held.items += items
+        try:
+            items = store.add(held, _checked(req.items))
+        except TooLarge as error:
+            raise _too_large(error) from None
         return JSONResponse(page(items, PageQuery(len(items), newest_first=False, after=None), "items"))
 
     async def update(request: Request, conversation_id: str) -> Response:
-        held = _held(conversations, conversation_id)
+        held, store = _held(conversations, conversation_id), _kept(conversations)
         req = await body(request, ConversationUpdate)
-        held.metadata = dict(req.metadata)
+        store.set_metadata(held, req.metadata)
         return JSONResponse(held.card())
 
     @app.post("/v1/conversations", dependencies=dependencies, openapi_extra=_json("ConversationCreate"))
@@ -109,8 +116,8 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
 
     @app.delete("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=dependencies)
     async def delete_item(conversation_id: str, item_id: str) -> dict:
-        held = _held(conversations, conversation_id)
-        held.items.remove(_item_of(held, item_id))
+        held, store = _held(conversations, conversation_id), _kept(conversations)
+        store.remove_item(held, _item_of(held, item_id))
         return held.card()
 
 
@@ -131,8 +138,8 @@ def _checked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _kept(conversations: ConversationStore | None) -> ConversationStore:
     if conversations is None:
-        raise bad_request("this server keeps no conversations (serve --responses-store N; with --replicas none, as "
-                          "replicas share no memory)", None, "unsupported")
+        raise bad_request("this server keeps no conversations (serve --responses-store N and --conversation-store "
+                          "BYTES; with --replicas none, as replicas share no memory)", None, "unsupported")
     return conversations
 
 
@@ -146,6 +153,12 @@ def _held(conversations: ConversationStore | None, conversation_id: str) -> Conv
 def _not_held(conversation_id: str) -> APIError:
     return APIError(404, f"no conversation with id {shown(conversation_id)} is held here (never made, deleted, or "
                          "dropped for room)", "not_found_error", param="conversation_id", code="not_found")
+
+
+def _too_large(error: TooLarge) -> APIError:
+    return APIError(413, f"the conversation would hold {error.size} bytes of items as JSON, and this server keeps at "
+                         f"most {error.limit} (serve --conversation-store)", param="items",
+                    code="conversation_too_large")
 
 
 def _item_of(held: Conversation, item_id: str) -> dict:

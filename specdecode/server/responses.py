@@ -417,7 +417,7 @@ class ResponseWriter:
         conversation = self.req.conversation_id
         held = self.conversations.get(conversation) if self.conversations is not None and conversation else None
         if held is not None:  # (deleted while the response was written: nothing to join)
-            held.items += [*inputs, *response["output"]]
+            self.conversations.add(held, [*inputs, *response["output"]], strict=False)
         return response
 
     def _event(self, kind: str, **fields) -> str:

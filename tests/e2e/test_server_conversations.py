@@ -8,7 +8,10 @@ import httpx
 import openai
 import pytest
 
+from specdecode.cli.main import build_parser, main
+from specdecode.cli.serve import conversation_bytes
 from specdecode.core.target import Target
+from specdecode.server.conversation_store import CONVERSATION_BYTES
 from tests.e2e.server_util import MODEL, openai_client, serving, tiny_service
 from tests.tiny import tool_tokenizer
 
@@ -109,3 +112,59 @@ def test_a_server_that_keeps_no_responses_keeps_no_conversations(target):
             client.responses.create(model=MODEL, input="x", conversation="conv_x", max_output_tokens=2)
         with pytest.raises(openai.NotFoundError):
             client.conversations.retrieve("conv_x")
+
+
+def _text_item(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def test_conversations_are_bounded_by_bytes(target):
+    """Items added through the API come with no model in the loop: without a bound in bytes a client could add
+    items until the server is killed. An add that would take one conversation past the store is a 413 and adds
+    nothing; otherwise the least recently used conversations are dropped for room (a 404 then says so)."""
+    budget = 3000
+    with serving(tiny_service(target, conversation_bytes=budget)) as running:
+        url = running.url + "/v1/conversations"
+        old = httpx.post(url, json={"items": [_text_item("a" * 1000)]}, timeout=30).json()["id"]
+        kept = httpx.post(url, json={"items": [_text_item("b" * 1000)]}, timeout=30).json()["id"]
+        assert httpx.get(f"{url}/{old}", timeout=30).status_code == 200  # now the more recently used
+        over = httpx.post(f"{url}/{kept}/items", json={"items": [_text_item("c" * 2000)]}, timeout=30)
+        error = over.json()["error"]
+        assert over.status_code == 413 and error["param"] == "items" and error["code"] == "conversation_too_large"
+        assert "--conversation-store" in error["message"]
+        listed = httpx.get(f"{url}/{kept}/items", timeout=30).json()["data"]
+        assert [item["content"] for item in listed] == ["b" * 1000]  # nothing of the refused add
+        fits = httpx.post(f"{url}/{kept}/items", json={"items": [_text_item("d" * 900)]}, timeout=30)
+        assert fits.status_code == 200
+        assert httpx.get(f"{url}/{old}", timeout=30).status_code == 404  # dropped for room, least recently used
+        assert len(httpx.get(f"{url}/{kept}/items", timeout=30).json()["data"]) == 2
+        too_big = httpx.post(url, json={"items": [_text_item("e" * 4000)]}, timeout=30)
+        assert too_big.status_code == 413 and too_big.json()["error"]["param"] == "items"
+        assert httpx.get(f"{url}/{kept}", timeout=30).status_code == 200  # a refused create drops nothing
+
+
+@pytest.mark.parametrize("path", ["/v1/conversations", "/v1/conversations/{id}/items"])
+def test_at_most_20_items_a_request(server, path):
+    """OpenAI's limit: items are added up to 20 at a time."""
+    made = httpx.post(server.url + "/v1/conversations", json={}, timeout=30).json()["id"]
+    url = server.url + path.format(id=made)
+    reply = httpx.post(url, json={"items": [_text_item(str(i)) for i in range(21)]}, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "items", reply.text
+    assert httpx.post(url, json={"items": [_text_item(str(i)) for i in range(20)]}, timeout=30).status_code == 200
+
+
+def test_the_conversation_store_flag(capsys):
+    """Replicas share no memory, so a conversation made on one could not be continued on another."""
+    parse = build_parser().parse_args
+    assert conversation_bytes(parse(["serve"])) == CONVERSATION_BYTES
+    assert conversation_bytes(parse(["serve", "--conversation-store", "1MiB"])) == 1 << 20
+    assert conversation_bytes(parse(["serve", "--replicas", "2"])) == 0
+    assert main(["serve", "--replicas", "2", "--conversation-store", "1MiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--conversation-store needs a single server" in err and "\n" not in err
+
+
+def test_a_server_with_no_conversation_store_keeps_no_conversations(target):
+    with serving(tiny_service(target, conversation_bytes=0)) as running:
+        with pytest.raises(openai.BadRequestError, match="--conversation-store"):
+            openai_client(running).conversations.create()
