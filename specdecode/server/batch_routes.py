@@ -102,8 +102,22 @@ async def _upload(request: Request, files: FileStore, timeout_s: float) -> Respo
     if origin is not None and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower():
         raise APIError(403, f"an upload from another origin ({shown(origin)}) is refused", "permission_error",
                        code="cross_origin")
+    limit = files.room() + UPLOAD_OVERHEAD  # the file cannot be larger
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _no_room(files, f"{declared} bytes with its form")
+    size = int(declared) if declared.isdigit() else limit  # held aside while it is read (all the room: undeclared)
+    with files.reserve(size):
+        filename, purpose, data = await _read_upload(request, size, timeout_s, files)
+    if len(data) > files.room():
+        raise _no_room(files, f"{len(data)} bytes")
+    return JSONResponse(files.add(filename, purpose, data).card())
+
+
+async def _read_upload(request: Request, limit: int, timeout_s: float, files: FileStore) -> tuple[str, str, bytes]:
+    """The upload's (filename, purpose, file bytes), its form checked; a body over `limit` is a 413."""
     try:
-        body = await read_body(request, files.room() + UPLOAD_OVERHEAD, timeout_s)  # the file cannot be larger
+        body = await read_body(request, limit, timeout_s)
     except APIError as error:
         raise (_no_room(files, "larger than that") if error.status == 413 else error) from None
 
@@ -127,9 +141,7 @@ async def _upload(request: Request, files: FileStore, timeout_s: float) -> Respo
         data = await upload.read()
     finally:
         await form.close()
-    if len(data) > files.room():
-        raise _no_room(files, f"{len(data)} bytes")
-    return JSONResponse(files.add(upload.filename or "upload.jsonl", purpose, data).card())
+    return upload.filename or "upload.jsonl", purpose, data
 
 
 async def _create(request: Request, batches: Batches, timeout_s: float) -> Response:
@@ -144,8 +156,10 @@ async def _create(request: Request, batches: Batches, timeout_s: float) -> Respo
 
 
 def _no_room(files: FileStore, size: str) -> APIError:
-    return APIError(413, f"the file is {size}, and the file store has {files.room()} of {files.capacity} bytes free: "
-                         "delete files (DELETE /v1/files/ID) or serve with a larger --files-store", param="file",
+    reading = f" ({files.reserved} held for uploads being read)" if files.reserved else ""
+    return APIError(413, f"the file is {size}, and the file store has {files.room()} of {files.capacity} bytes "
+                         f"free{reading}: delete files (DELETE /v1/files/ID) or serve with a larger --files-store",
+                    param="file",
                     code="file_store_full")
 
 

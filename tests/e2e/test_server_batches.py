@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -273,6 +274,37 @@ def test_shutting_down_cancels_a_running_batch_and_keeps_what_it_answered():
     assert card["status"] == "cancelled"
     answered, errors = _lines_of(files, card["output_file_id"]), _lines_of(files, card["error_file_id"])
     assert answered and errors and len(answered) + len(errors) == 20
+
+
+def test_an_upload_being_read_holds_its_room(target):
+    """Uploads read side by side each had the whole room before any was kept, so together they could make the
+    server hold many times the store's bytes: an upload being read holds its declared size aside, a second that
+    does not fit beside it is a 413 at once, and the room comes back when the first ends (here: its client left)."""
+    with serving(tiny_service(target, files_bytes=1000)) as running:
+        host, port = running.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as held:
+            held.sendall(f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: multipart/form-data; "
+                         "boundary=b\r\nContent-Length: 700\r\n\r\n--b\r\n".encode())
+            client = openai_client(running)
+            deadline = time.monotonic() + 30
+            while True:  # (the server reads the first upload's head on its own time)
+                try:
+                    client.files.create(file=("b.jsonl", b"y" * 600), purpose="batch")
+                except openai.APIStatusError as refused:
+                    assert refused.status_code == 413 and "held for uploads being read" in str(refused)
+                    break
+                assert time.monotonic() < deadline, "the second upload was never refused"
+                time.sleep(0.05)  # the first upload's head had not arrived: the second was kept
+                for held_file in client.files.list().data:
+                    client.files.delete(held_file.id)
+        deadline = time.monotonic() + 30
+        while True:  # the first upload's room is back once the server sees its client gone
+            try:
+                client.files.create(file=("b.jsonl", b"y" * 600), purpose="batch")
+                break
+            except openai.APIStatusError as refused:
+                assert refused.status_code == 413 and time.monotonic() < deadline
+                time.sleep(0.05)
 
 
 def test_the_files_store_flag():
