@@ -23,7 +23,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if not source.is_file():
         raise ConfigError(f"--input {args.input!r} is not a file")
     try:
-        requests = read_requests(source.read_text(encoding="utf-8").splitlines())
+        requests = read_requests(source.read_text(encoding="utf-8").split("\n"))
     except UnicodeDecodeError as error:
         raise ConfigError(f"--input {args.input!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     if not requests:

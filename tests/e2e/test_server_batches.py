@@ -323,3 +323,41 @@ def test_bad_files_store_flags_exit_2(capsys):
     with pytest.raises(SystemExit) as parsed:
         main(["serve", "--files-store", "lots"])
     assert parsed.value.code == 2 and "expected a size like" in capsys.readouterr().err
+
+
+def test_a_running_batch_holds_its_workers_not_a_task_for_each_request():
+    """A task for each request (and each request parsed and held) made a batch of 200,000 lines hold ~560 MiB and
+    its creation stall the event loop; its `concurrency` workers read each line when they take it."""
+    tasks: list[int] = []
+
+    async def count(job) -> None:
+        await asyncio.sleep(0.05)
+        tasks.append(len(asyncio.all_tasks()))
+    files = FileStore(FILES_BYTES)
+    card = _run(files, Batches(files, concurrency=2, api_key=None), _slow_app(0.001, {}), 300, count)
+    assert card["status"] == "completed" and card["request_counts"] == {"total": 300, "completed": 300, "failed": 0}
+    assert tasks and tasks[0] < 20, tasks
+    assert [line["custom_id"] for line in _lines_of(files, card["output_file_id"])] == [f"r{i}" for i in range(300)]
+
+
+def test_lines_end_at_newlines_only_and_a_file_holds_at_most_50000_requests():
+    """JSONL's lines end at "\\n": a JSON string may hold U+2028 as it is, which str.splitlines took for a line
+    break (two broken lines, the batch failed). Past OpenAI's 50,000 requests a file fails the batch."""
+    files = FileStore(FILES_BYTES)
+    batches = Batches(files, concurrency=2, api_key=None)
+    odd = {**CHAT, "messages": [{"role": "user", "content": "one\u2028two\u2029three\x85four"}]}
+    text = "".join(json.dumps({"custom_id": f"u{i}", "method": "POST", "url": "/v1/chat/completions", "body": odd},
+                              ensure_ascii=False) + "\r\n" for i in range(2)).encode()
+
+    async def go(data: bytes) -> dict:
+        held = files.add("in.jsonl", "batch", data)
+        job = await batches.create(BatchCreate(input_file_id=held.id, endpoint="/v1/chat/completions",
+                                               completion_window="24h"), _slow_app(0.001, {}))
+        while job.status not in ("completed", "failed"):
+            await asyncio.sleep(0.01)
+        return job.card()
+    card = asyncio.run(go(text))
+    assert card["status"] == "completed" and card["request_counts"]["completed"] == 2, card
+    many = asyncio.run(go(b"{}\n" * (batches_module.MAX_REQUESTS + 1)))
+    assert many["status"] == "failed" and many["errors"]["data"][0]["code"] == "invalid_file"
+    assert "more than 50000 requests" in many["errors"]["data"][0]["message"]
