@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 BATCHES_KEPT = 1024
 MAX_REQUESTS = 50_000  # requests one batch file may hold (OpenAI's limit)
+# a failed batch lists the errors of its first lines that are not requests, then one that counts the rest: every
+# batch is kept (up to BATCHES_KEPT) with its errors, and a file of 50,000 bad lines held 15 MiB of them
+ERRORS_LISTED = 100
 WINDOW = "24h"  # OpenAI's only completion window
 WINDOW_S = 24 * 3600
 ENDED = ("failed", "completed", "expired", "cancelled")
@@ -291,6 +294,10 @@ def _read(data: bytes, endpoint: str) -> tuple[list[tuple[int, int, int]], list[
         seen.add(request.custom_id)
         if message is not None:
             errors.append({"code": "invalid_request", "message": message, "param": None, "line": number})
+    if len(errors) > ERRORS_LISTED:
+        more = len(errors) - ERRORS_LISTED
+        errors = [*errors[:ERRORS_LISTED], {"code": "invalid_request", "message": f"{more} more lines are not "
+                  f"requests (the first {ERRORS_LISTED} are listed)", "param": None, "line": None}]
     return spans, errors
 
 

@@ -361,3 +361,14 @@ def test_lines_end_at_newlines_only_and_a_file_holds_at_most_50000_requests():
     many = asyncio.run(go(b"{}\n" * (batches_module.MAX_REQUESTS + 1)))
     assert many["status"] == "failed" and many["errors"]["data"][0]["code"] == "invalid_file"
     assert "more than 50000 requests" in many["errors"]["data"][0]["message"]
+
+
+def test_a_failed_batch_lists_its_first_100_errors_and_counts_the_rest():
+    """Every batch is kept with its errors: a file of 50,000 bad lines held 15 MiB of them per batch."""
+    files = FileStore(FILES_BYTES)
+    held = files.add("bad.jsonl", "batch", b"not json\n" * 250)
+    job = asyncio.run(Batches(files, concurrency=1, api_key=None).create(
+        BatchCreate(input_file_id=held.id, endpoint="/v1/chat/completions", completion_window="24h"), FastAPI()))
+    errors = job.card()["errors"]["data"]
+    assert job.status == "failed" and len(errors) == 101 and errors[99]["line"] == 100
+    assert errors[100]["line"] is None and errors[100]["message"].startswith("150 more lines are not requests")
