@@ -86,37 +86,32 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
 
 
 def responses_kept(args: argparse.Namespace) -> int:
-    """--responses-store: the default where the server is one process; none with --replicas (each replica would
-    keep its own, so a follow-up could reach one that does not hold the response it names)."""
-    given, replicas = getattr(args, "responses_store", None), getattr(args, "replicas", None)
-    if given is not None and replicas is not None and given > 0:
-        raise ConfigError("--responses-store needs a single server: replicas do not share kept responses")
-    if given is None:
-        return 0 if replicas is not None else RESPONSES_KEPT
-    if given < 0:
-        raise ConfigError(f"--responses-store must be >= 0, got {given}")
-    return given
+    """--responses-store: none with --replicas (each replica would keep its own, so a follow-up could reach one
+    that does not hold the response it names)."""
+    return _one_process_store(args, "--responses-store", RESPONSES_KEPT, "kept responses")
 
 
 def conversation_bytes(args: argparse.Namespace) -> int:
-    """--conversation-store: the default where the server is one process; none with --replicas (as for kept
-    responses)."""
-    given, replicas = getattr(args, "conversation_store", None), getattr(args, "replicas", None)
-    if given is not None and replicas is not None and given > 0:
-        raise ConfigError("--conversation-store needs a single server: replicas do not share conversations")
-    if given is None:
-        return 0 if replicas is not None else CONVERSATION_BYTES
-    return given
+    """--conversation-store: none with --replicas (as for kept responses)."""
+    return _one_process_store(args, "--conversation-store", CONVERSATION_BYTES, "conversations")
 
 
 def files_bytes(args: argparse.Namespace) -> int:
-    """--files-store: the default where the server is one process; none with --replicas (a batch created on one
-    replica could not read a file uploaded to another)."""
-    given, replicas = getattr(args, "files_store", None), getattr(args, "replicas", None)
+    """--files-store: none with --replicas (a batch created on one replica could not read a file uploaded to
+    another)."""
+    return _one_process_store(args, "--files-store", FILES_BYTES, "files or batches")
+
+
+def _one_process_store(args: argparse.Namespace, flag: str, default: int, kept: str) -> int:
+    """The size of a store kept in the server's memory: `default` where the server is one process, none with
+    --replicas (which share no memory: given there, it is an error naming `kept`)."""
+    given, replicas = getattr(args, flag.removeprefix("--").replace("-", "_"), None), getattr(args, "replicas", None)
     if given is not None and replicas is not None and given > 0:
-        raise ConfigError("--files-store needs a single server: replicas do not share files or batches")
+        raise ConfigError(f"{flag} needs a single server: replicas do not share {kept}")
     if given is None:
-        return 0 if replicas is not None else FILES_BYTES
+        return 0 if replicas is not None else default
+    if given < 0:
+        raise ConfigError(f"{flag} must be >= 0, got {given}")
     return given
 
 
