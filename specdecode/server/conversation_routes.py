@@ -112,12 +112,13 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
 
     @app.get("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=dependencies)
     async def item(conversation_id: str, item_id: str) -> dict:
-        return _item_of(_held(conversations, conversation_id), item_id)
+        held, store = _held(conversations, conversation_id), _kept(conversations)
+        return _item_of(store, held, item_id)
 
     @app.delete("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=dependencies)
     async def delete_item(conversation_id: str, item_id: str) -> dict:
         held, store = _held(conversations, conversation_id), _kept(conversations)
-        store.remove_item(held, _item_of(held, item_id))
+        store.remove_item(held, _item_of(store, held, item_id))
         return held.card()
 
 
@@ -161,8 +162,8 @@ def _too_large(error: TooLarge) -> APIError:
                     code="conversation_too_large")
 
 
-def _item_of(held: Conversation, item_id: str) -> dict:
-    found = next((item for item in held.items if item["id"] == item_id), None)
+def _item_of(store: ConversationStore, held: Conversation, item_id: str) -> dict:
+    found = store.item_in(held, item_id)
     if found is None:
         raise APIError(404, f"conversation {held.id} holds no item with id {shown(item_id)}", "not_found_error",
                        param="item_id", code="not_found")

@@ -5,7 +5,7 @@ input and output items added when it finishes. The OpenAI Agents SDK keeps a ses
 Kept in memory, in this process, for the last `capacity` conversations and at most `max_bytes` of their items and
 metadata as JSON (least recently used dropped first, as kept responses are: one no longer held is a 404 that says
 so). Items added through the API come from a client with no model in the loop, so without the byte bound a client
-adding 20 items of 8 MiB request after request would grow the server until it is killed; an add that would take
+adding items request after request (up to 8 MiB each) would grow the server until it is killed; an add that would take
 one conversation past `max_bytes` is refused whole (TooLarge), and others make room by dropping the least recently
 used conversations. A finished response's input and output join its conversation whatever its size (they fit the
 model's context, and were answered), the others making room for them. Each item carries an id (the one it was
@@ -112,8 +112,12 @@ class ConversationStore:
         self._trim(conversation)
 
     def remove_item(self, conversation: Conversation, item: dict) -> None:
-        conversation.items.remove(item)
+        """Remove `item` (this very object: another may be equal to it) from the conversation."""
+        del conversation.items[next(i for i, held in enumerate(conversation.items) if held is item)]
         self._unindex(conversation.id, item)
+        twin = next((held for held in reversed(conversation.items) if held["id"] == item["id"]), None)
+        if twin is not None and item["id"] not in self._items:  # another item of it with that id: found by it now
+            self._items[item["id"]] = (conversation.id, twin)
         size = size_of(item)
         conversation.nbytes -= size
         self.nbytes -= size
@@ -137,6 +141,14 @@ class ConversationStore:
         """A held item by its id, in any conversation (an item_reference's target), or None."""
         found = self._items.get(item_id)
         return None if found is None else found[1]
+
+    def item_in(self, conversation: Conversation, item_id: str) -> dict | None:
+        """The conversation's item with this id, or None: through the index, and by a walk of the conversation only
+        where a newer item elsewhere took the id."""
+        found = self._items.get(item_id)
+        if found is not None and found[0] == conversation.id:
+            return found[1]
+        return next((item for item in conversation.items if item["id"] == item_id), None)
 
     def _trim(self, keep: Conversation) -> None:
         """Drop the least recently used conversations other than `keep` while the store is past its count or

@@ -54,3 +54,15 @@ def test_count_bounds_too_and_ids_find_the_newest():
     assert store.get(first.id) is None and store.item("msg_same")["content"] == "2"
     store.delete(second.id)
     assert store.item("msg_same") is None
+
+
+def test_an_item_is_found_in_its_conversation_even_when_a_newer_one_took_its_id():
+    store = ConversationStore(10, 10_000)
+    first = store.create([_item("1", "msg_same"), _item("x", "msg_twin"), _item("x", "msg_twin")], None)
+    second = store.create([_item("2", "msg_same")], None)
+    assert store.item_in(first, "msg_same")["content"] == "1" and store.item_in(second, "msg_same")["content"] == "2"
+    assert store.item_in(second, "msg_none") is None
+    last_twin = first.items[2]
+    store.remove_item(first, last_twin)  # that very item, not the equal one before it
+    assert len(first.items) == 2 and first.items[1] is not last_twin and first.nbytes == _bytes_of(store, first.id)
+    assert store.item("msg_twin") is first.items[1]  # the id still finds the item that is left
