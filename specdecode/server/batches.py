@@ -217,8 +217,7 @@ class Batches:
                 worker.cancel()
             await every
         job.reach("finalizing")
-        written = await asyncio.to_thread(_sorted_results, lines, results, failed, ending)
-        answered, others = written
+        answered, others = await asyncio.to_thread(_sorted_results, lines, results, failed, ending)
         job.completed, job.failed = len(answered), len(others)
         for kind, chosen in (("output", answered), ("error", others)):
             if chosen:  # written in a thread of its own, as the file was read
