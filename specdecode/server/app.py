@@ -39,8 +39,8 @@ from specdecode.server.as_chat import AsChat
 from specdecode.server.batch_routes import add_batch_routes
 from specdecode.server.batches import BatchCreate, Batches
 from specdecode.server.bodies import read_body, require_json
+from specdecode.server.conversation_routes import KEEPING, add_conversation_routes, not_held
 from specdecode.server.conversation_routes import SCHEMAS as CONVERSATION_BODIES
-from specdecode.server.conversation_routes import add_conversation_routes
 from specdecode.server.conversation_store import CONVERSATION_BYTES, ConversationStore
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.file_store import FILES_BYTES, FileStore
@@ -552,12 +552,11 @@ def _earlier_items(service: Service, response_id: str) -> list[dict]:
 def _conversation_items(service: Service, conversation_id: str) -> list[dict]:
     """The items of the conversation a response continues, or a 4xx naming why not."""
     if service.conversations is None:
-        raise APIError(400, "conversation needs a server that keeps conversations; this one keeps none "
-                            "(serve --responses-store N)", param="conversation", code="unsupported")
+        raise APIError(400, f"conversation needs a server that keeps conversations; this one keeps none ({KEEPING})",
+                       param="conversation", code="unsupported")
     held = service.conversations.get(conversation_id)
     if held is None:
-        raise APIError(404, f"no conversation with id {shown(conversation_id)} is held here (never made, deleted, "
-                            "or dropped for room)", "not_found_error", param="conversation", code="not_found")
+        raise not_held(conversation_id, "conversation")
     return list(held.items)
 
 

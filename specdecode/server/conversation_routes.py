@@ -97,7 +97,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
     @app.delete("/v1/conversations/{conversation_id}", dependencies=dependencies)
     async def delete_conversation(conversation_id: str) -> dict:
         if conversations is None or not conversations.delete(conversation_id):
-            raise _not_held(conversation_id)
+            raise not_held(conversation_id)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     @app.post("/v1/conversations/{conversation_id}/items", dependencies=dependencies,
@@ -137,23 +137,27 @@ def _checked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
+# what makes a server keep conversations, for every answer that says it keeps none
+KEEPING = "serve --responses-store N and --conversation-store BYTES; with --replicas none, as replicas share no memory"
+
+
 def _kept(conversations: ConversationStore | None) -> ConversationStore:
     if conversations is None:
-        raise bad_request("this server keeps no conversations (serve --responses-store N and --conversation-store "
-                          "BYTES; with --replicas none, as replicas share no memory)", None, "unsupported")
+        raise bad_request(f"this server keeps no conversations ({KEEPING})", None, "unsupported")
     return conversations
 
 
 def _held(conversations: ConversationStore | None, conversation_id: str) -> Conversation:
     held = conversations.get(conversation_id) if conversations is not None else None
     if held is None:
-        raise _not_held(conversation_id)
+        raise not_held(conversation_id)
     return held
 
 
-def _not_held(conversation_id: str) -> APIError:
+def not_held(conversation_id: str, param: str = "conversation_id") -> APIError:
+    """The 404 for a conversation id this server does not hold; param: the field that named it."""
     return APIError(404, f"no conversation with id {shown(conversation_id)} is held here (never made, deleted, or "
-                         "dropped for room)", "not_found_error", param="conversation_id", code="not_found")
+                         "dropped for room)", "not_found_error", param=param, code="not_found")
 
 
 def _too_large(error: TooLarge) -> APIError:

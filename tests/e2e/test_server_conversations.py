@@ -168,3 +168,6 @@ def test_a_server_with_no_conversation_store_keeps_no_conversations(target):
     with serving(tiny_service(target, conversation_bytes=0)) as running:
         with pytest.raises(openai.BadRequestError, match="--conversation-store"):
             openai_client(running).conversations.create()
+        with pytest.raises(openai.BadRequestError, match="keeps none .*--conversation-store"):
+            openai_client(running).responses.create(model=MODEL, input="x", conversation="conv_x",
+                                                    max_output_tokens=2)
