@@ -14,7 +14,8 @@ from pathlib import Path
 from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
-from specdecode.server.batch import read_requests, run_batch
+from specdecode.server.batch import BatchRequest, read_requests, run_batch
+from specdecode.server.batch_file import results_done
 from specdecode.server.service import build_service
 
 
@@ -30,24 +31,49 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise ConfigError(f"--input {args.input!r} holds no requests")
     if args.output != "-" and not Path(args.output).parent.is_dir():
         raise ConfigError(f"--output {args.output!r}: its folder does not exist")
-    # no kept responses: a line cannot name another's response, whose id it cannot know; no files API either
-    service = build_service(dataclasses.replace(serve_config(args), responses_kept=0, files_bytes=0))
+    done = _resume(Path(args.output), requests) if args.resume else 0
     began, counts = time.perf_counter(), Counter()
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115 - or stdout
-    try:
-        async def write_all() -> None:
-            async for line in run_batch(service, requests, concurrency=args.max_batch):
-                status = line["response"]["status_code"] if line["response"] else None
-                counts["ok" if status == 200 else "failed"] += 1
-                out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-                out.flush()
-        asyncio.run(write_all())
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    print(f"batch: {len(requests)} requests, {counts['ok']} answered 200, {counts['failed']} failed "
+    if done < len(requests):
+        # no kept responses: a line cannot name another's response, whose id it cannot know; no files API either
+        service = build_service(dataclasses.replace(serve_config(args), responses_kept=0, files_bytes=0))
+        out = sys.stdout if args.output == "-" else open(args.output, "a" if done else "w",  # noqa: SIM115
+                                                          encoding="utf-8")
+        try:
+            async def write_all() -> None:
+                async for line in run_batch(service, requests[done:], concurrency=args.max_batch):
+                    status = line["response"]["status_code"] if line["response"] else None
+                    counts["ok" if status == 200 else "failed"] += 1
+                    out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+                    out.flush()
+            asyncio.run(write_all())
+        finally:
+            if out is not sys.stdout:
+                out.close()
+    resumed = f", {done} already in {args.output}" if args.resume else ""
+    print(f"batch: {len(requests)} requests{resumed}, {counts['ok']} answered 200, {counts['failed']} failed "
           f"({time.perf_counter() - began:.1f} s)", file=sys.stderr)
     return 0
+
+
+def _resume(output: Path, requests: list[BatchRequest]) -> int:
+    """How many requests `output` already answers (batch_file.results_done), after cutting off a last line that a
+    stopped run left half written; 0 when there is no output yet."""
+    if str(output) == "-":
+        raise ConfigError("--resume needs --output to be a file (it continues the results written there)")
+    if not output.is_file():
+        return 0
+    data = output.read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]  # [] when no line was finished
+    try:
+        lines = whole.decode("utf-8").split("\n")[:-1]
+        done = results_done(lines, requests)
+    except (UnicodeDecodeError, ValueError) as error:
+        reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else str(error)
+        raise ConfigError(f"--resume: --output {str(output)!r} does not continue this --input: {reason}") from None
+    if len(whole) < len(data):
+        with open(output, "r+b") as handle:
+            handle.truncate(len(whole))
+    return done
 
 
 def register(subparsers, name: str) -> None:
@@ -59,4 +85,7 @@ def register(subparsers, name: str) -> None:
                              "/v1/responses, /v1/messages)")
     parser.add_argument("-o", "--output", required=True,
                         help="where the result lines go, one per request in the input's order ('-': stdout)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a run that stopped: keep the results already in --output (written in the "
+                             "input's order, so they answer its first lines) and append the rest")
     parser.set_defaults(func=cmd_batch)

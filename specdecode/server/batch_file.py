@@ -75,6 +75,25 @@ def read_requests(lines: Iterable[str]) -> list[BatchRequest]:
     return requests
 
 
+def results_done(lines: list[str], requests: list[BatchRequest]) -> int:
+    """How many of `requests` already have their result among `lines`, the whole lines of an output that a run
+    stopped part way wrote: results are written in input order, so they are the first len(lines) requests, each
+    line naming its request's custom_id (None for a line that is no request). ValueError, saying where, when the
+    lines are not such a head of this batch's results."""
+    for number, (text, request) in enumerate(zip(lines, requests), start=1):
+        try:
+            result = json.loads(text)
+        except ValueError:
+            raise ValueError(f"its line {number} is not JSON") from None
+        if not isinstance(result, dict) or result.get("custom_id", "") != request.custom_id:
+            got = result.get("custom_id") if isinstance(result, dict) else None
+            raise ValueError(f"its line {number} is the result of custom_id {got!r}, where the input's request "
+                             f"{number} is {request.custom_id!r}")
+    if len(lines) > len(requests):
+        raise ValueError(f"it holds {len(lines)} results, more than the {len(requests)} requests")
+    return len(lines)
+
+
 def error_line(custom_id: str | None, code: str, message: str) -> dict:
     """The result line of a request that was not answered: not a request, or never sent."""
     return {"id": "batch_req_" + uuid.uuid4().hex, "custom_id": custom_id, "response": None,

@@ -118,6 +118,41 @@ def test_the_command_writes_a_line_per_request_and_bad_input_exits_2(tiny_model_
         assert message in err and "\n" not in err and "Traceback" not in err
 
 
+def test_resume_keeps_the_results_written_and_answers_the_rest(tiny_model_dir, tmp_path, capsys):
+    """A run that stopped part way (its last line half written) goes on from its first unanswered request: the
+    results already written stay as they are, the half line is cut off, and the file ends with one result per
+    request in the input's order. An output that is not this input's head, or stdout, exits 2."""
+    bodies = [("/v1/completions", {"model": "m", "prompt": f"x {i}", "max_tokens": 2}) for i in range(4)]
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join([*_lines(bodies), "{"]) + "\n")  # 5 lines, the last no request
+    argv = ["batch", "--model", tiny_model_dir, "--served-model-name", "m", "-i", str(source), "-o", str(out)]
+    assert main(argv) == 0
+    whole = out.read_text().splitlines(keepends=True)
+    out.write_text(whole[0] + whole[1][:20])  # stopped while writing the second result
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    resumed = out.read_text().splitlines(keepends=True)
+    assert resumed[0] == whole[0] and len(resumed) == 5 and resumed[1] != whole[1]  # kept, then answered anew
+    results = [json.loads(text) for text in resumed]
+    assert [r["custom_id"] for r in results] == ["r0", "r1", "r2", "r3", None]
+    assert [r["response"]["status_code"] for r in results[:4]] == [200] * 4 and results[4]["error"]
+    assert "5 requests, 1 already in" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 0 and out.read_text() == "".join(resumed)  # nothing left: unchanged
+    assert "5 already in" in capsys.readouterr().err
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(_lines(bodies, prefix="s")) + "\n")
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("\n".join(_lines(bodies[:3])) + "\n")
+    for extra, message in ((["-i", str(other), "--resume"], "its line 1 is the result of custom_id 'r0', where the "
+                                                             "input's request 1 is 's0'"),
+                           (["-i", str(fewer), "--resume"], "it holds 5 results, more than the 3 requests"),
+                           (["-o", "-", "--resume"], "--resume needs --output to be a file")):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err and "Traceback" not in err
+    assert out.read_text() == "".join(resumed)  # a refused resume leaves the output as it was
+
+
 def test_a_bug_is_a_500_result_line_and_the_batch_goes_on(target, monkeypatch):
     import specdecode.server.app as app_module
 
