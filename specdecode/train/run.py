@@ -14,7 +14,7 @@ import torch
 from specdecode.config import ModelConfig
 from specdecode.core.target import Target
 from specdecode.drafters.common.eagle3_net import default_aux_layers
-from specdecode.drafters.common.nets import fast_bf16_cpu
+from specdecode.drafters.common.nets import fast_bf16
 from specdecode.errors import ConfigError
 from specdecode.loading.load import load_model
 from specdecode.train.corpus import docstrings, text_files
@@ -103,8 +103,7 @@ def _features(job: TrainJob, target: Target, began: float) -> FeatureData:
         texts.append(text_files(list(job.text)))
     # answers are generated in bf16 on CUDA and on a CPU that multiplies bf16 natively (SmolLM2 in batches of 128 on
     # the 2-core Xeon VM: 896 tokens/s against 427 in fp32); hidden states come from the fp32 model
-    fast = device.type == "cuda" or (device.type == "cpu" and fast_bf16_cpu())
-    gen_model = copy.deepcopy(model).to(torch.bfloat16) if fast else None
+    gen_model = copy.deepcopy(model).to(torch.bfloat16) if fast_bf16(device) else None
     dataset = build_dataset(model, target.tokenizer, job.data_config, load_user_prompts(list(job.prompts)), texts,
                             set(target.eos_ids), target.pad_id, gen_model=gen_model)
     del gen_model

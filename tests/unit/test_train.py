@@ -96,7 +96,7 @@ def test_loss_decreases_checkpoint_reloads_and_head_exports(kind, tiny_model, ti
 @pytest.mark.parametrize("native", [True, False])
 def test_a_cpu_trains_in_bf16_where_it_multiplies_bf16_natively(native, tiny_model, features, tmp_path, monkeypatch):
     """Autocast to bf16 where the CPU has AMX or AVX512-BF16 (faster there); plain fp32 where bf16 is emulated."""
-    monkeypatch.setattr("specdecode.train.trainer.fast_bf16_cpu", lambda: native)
+    monkeypatch.setattr("specdecode.drafters.common.nets.fast_bf16_cpu", lambda: native)
     trainer = _trainer("eagle3", tiny_model, features, tmp_path, steps=1)
     with trainer._autocast():
         assert torch.is_autocast_enabled("cpu") == native

@@ -137,6 +137,11 @@ def fast_bf16_cpu() -> bool:
         return False
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls are faster than fp32 on `device`: CUDA, or a CPU that multiplies bf16 natively."""
+    return device.type == "cuda" or (device.type == "cpu" and fast_bf16_cpu())
+
+
 class FrozenVocab:
     """The target's input embeddings and LM head, the latter restricted to a draft vocabulary (not trained).
 
