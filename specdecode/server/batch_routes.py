@@ -106,20 +106,25 @@ async def _upload(request: Request, files: FileStore, timeout_s: float) -> Respo
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _no_room(files, f"{declared} bytes with its form")
-    size = int(declared) if declared.isdigit() else limit  # held aside while it is read (all the room: undeclared)
-    with files.reserve(size):
-        filename, purpose, data = await _read_upload(request, size, timeout_s, files)
+    # held aside while it is read: its declared size, or what has arrived of one that declares none
+    with files.reserve(int(declared) if declared.isdigit() else 0, slack=UPLOAD_OVERHEAD) as grow:
+        def arrived(size: int) -> None:
+            if not grow(size):
+                raise _no_room(files, f"over {size - 1} bytes with its form, still arriving")
+        filename, purpose, data = await _read_upload(request, limit, timeout_s, files,
+                                                     None if declared.isdigit() else arrived)
     if len(data) > files.room():
         raise _no_room(files, f"{len(data)} bytes")
     return JSONResponse(files.add(filename, purpose, data).card())
 
 
-async def _read_upload(request: Request, limit: int, timeout_s: float, files: FileStore) -> tuple[str, str, bytes]:
+async def _read_upload(request: Request, limit: int, timeout_s: float, files: FileStore,
+                       arrived: Callable[[int], None] | None) -> tuple[str, str, bytes]:
     """The upload's (filename, purpose, file bytes), its form checked; a body over `limit` is a 413."""
     try:
-        body = await read_body(request, limit, timeout_s)
+        body = await read_body(request, limit, timeout_s, arrived)
     except APIError as error:
-        raise (_no_room(files, "larger than that") if error.status == 413 else error) from None
+        raise (_no_room(files, "larger than that") if error.code == "request_too_large" else error) from None
 
     async def once() -> AsyncGenerator[bytes, None]:
         yield body

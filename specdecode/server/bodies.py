@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -13,12 +14,14 @@ from specdecode.server.errors import APIError, shown
 log = logging.getLogger(__name__)
 
 
-async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float,
+                    arrived: Callable[[int], None] | None = None) -> bytes:
     """The whole body, or a one-line error: 413 when too large, 408 when too slow, 499 when the client went away
-    (logged as one line: a client hanging up is not a server fault)."""
+    (logged as one line: a client hanging up is not a server fault). arrived(size), if given, is told the bytes
+    read so far after each chunk (it may raise an APIError: the Files API's room for an undeclared upload)."""
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read_limited(request, limit)
+            return await _read_limited(request, limit, arrived)
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout") from None
     except ClientDisconnect:
@@ -28,7 +31,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
                        code="client_disconnected") from None
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+async def _read_limited(request: Request, limit: int, arrived: Callable[[int], None] | None) -> bytes:
     too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -38,6 +41,8 @@ async def _read_limited(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise too_large
+        if arrived is not None:
+            arrived(size)
         chunks.append(chunk)
     return b"".join(chunks)
 

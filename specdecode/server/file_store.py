@@ -2,8 +2,10 @@
 output and error files batches write (purpose "batch_output"), read back with `GET /v1/files/{id}/content`.
 
 Bounded by bytes: an upload that would take the store past its capacity is refused (413, naming what is held), so
-a client cannot fill the server's memory. An upload being read holds its declared size aside (the whole room when
-it declares none) until it is kept or refused. Before, uploads read side by side each had the whole room, and all
+a client cannot fill the server's memory. An upload being read holds its declared size aside until it is kept or
+refused; one that declares none (chunked) holds what has arrived, growing as it is read, and is refused once it
+would pass the room (it had held the whole room, so one slow chunked upload refused every other). Before, uploads
+read side by side each had the whole room, and all
 were read and parsed before all but one were refused: eight clients uploading 60 MB at once to a 64 MiB store
 raised the server's RSS by 1,004 MiB at its peak (194 MiB with the room held aside; `specdecode serve`, the
 default model). A batch's own output is never refused (a finished batch must not lose its results): it counts
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 FILES_BYTES = 256 << 20  # the server's default capacity (serve --files-store)
@@ -57,13 +59,27 @@ class FileStore:
         return max(0, self.capacity - self.used - self.reserved)
 
     @contextlib.contextmanager
-    def reserve(self, size: int) -> Iterator[None]:
-        """Hold `size` bytes of room aside while an upload is read and parsed (room() no longer counts them)."""
+    def reserve(self, size: int, slack: int = 0) -> Iterator[Callable[[int], bool]]:
+        """Hold `size` bytes of room aside while an upload is read and parsed (room() no longer counts them).
+        Yields grow(total): hold `total` bytes in all, as an upload that declared no size arrives; False, holding
+        no more, when that is over the room beside what others hold (plus `slack`: a form's bytes beyond its
+        file's)."""
+        held = size
         self.reserved += size
+
+        def grow(total: int) -> bool:
+            nonlocal held
+            if total <= held:
+                return True
+            if total > self.capacity - self.used - (self.reserved - held) + slack:
+                return False
+            self.reserved += total - held
+            held = total
+            return True
         try:
-            yield
+            yield grow
         finally:
-            self.reserved -= size
+            self.reserved -= held
 
     def add(self, filename: str, purpose: str, data: bytes) -> StoredFile:
         """Keep a file (the caller has checked an upload against room())."""

@@ -307,6 +307,36 @@ def test_an_upload_being_read_holds_its_room(target):
                 time.sleep(0.05)
 
 
+def test_an_upload_that_declares_no_size_holds_what_has_arrived(target):
+    """A chunked upload (no Content-Length) held the whole room while it was read, so one slow client made every
+    other upload a 413: it holds what has arrived, and is itself a 413 once that would pass the room."""
+    def chunk(data: bytes) -> bytes:
+        return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+    with serving(tiny_service(target, files_bytes=1000)) as running:
+        files = running.app.state.service.files
+        host, port = running.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            slow.sendall(f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: multipart/form-data; "
+                         "boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+                         + chunk(b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+                                 + b"x" * 100))
+            deadline = time.monotonic() + 30
+            while files.reserved == 0:  # (the server reads the slow upload's first chunk on its own time)
+                assert time.monotonic() < deadline, "the slow upload's first chunk was never read"
+                time.sleep(0.01)
+            assert files.reserved < 300
+            kept = openai_client(running).files.create(file=("b.jsonl", b"y" * 600), purpose="batch")
+            assert kept.bytes == 600
+            slow.sendall(chunk(b"x" * 70_000))  # past the room left (and the form's allowance)
+            reply = slow.recv(65536).decode()
+            assert reply.startswith("HTTP/1.1 413") and "file_store_full" in reply, reply
+        deadline = time.monotonic() + 30
+        while files.reserved:  # its room is back once its request ends
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert files.room() == 400
+
+
 def test_the_files_store_flag():
     """Replicas share no memory, so a batch on one could not read a file uploaded to another."""
     parse = build_parser().parse_args
