@@ -1,20 +1,27 @@
 """`specdecode batch`: an OpenAI batch file (JSONL requests) run offline through the server's app, one result line
-per request, in order (server/batch.py). Takes `serve`'s model, drafter and batching flags."""
+per request, in order (server/batch.py). Takes `serve`'s model, drafter and batching flags. The input is read where
+it lies and the output written as results come, so a file of any length runs in the memory of the requests in
+flight."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
+import mmap
+import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
-from specdecode.server.batch import BatchRequest, read_requests, run_batch
+from specdecode.server.batch import BatchLines, index_lines, run_batch
 from specdecode.server.batch_file import results_done
 from specdecode.server.service import build_service
 
@@ -23,56 +30,76 @@ def cmd_batch(args: argparse.Namespace) -> int:
     source = Path(args.input)
     if not source.is_file():
         raise ConfigError(f"--input {args.input!r} is not a file")
-    try:
-        requests = read_requests(source.read_text(encoding="utf-8").split("\n"))
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"--input {args.input!r} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-    if not requests:
-        raise ConfigError(f"--input {args.input!r} holds no requests")
     if args.output != "-" and not Path(args.output).parent.is_dir():
         raise ConfigError(f"--output {args.output!r}: its folder does not exist")
-    done = _resume(Path(args.output), requests) if args.resume else 0
-    began, counts = time.perf_counter(), Counter()
-    if done < len(requests):
-        # no kept responses: a line cannot name another's response, whose id it cannot know; no files API either
-        service = build_service(dataclasses.replace(serve_config(args), responses_kept=0, files_bytes=0))
-        out = sys.stdout if args.output == "-" else open(args.output, "a" if done else "w",  # noqa: SIM115
-                                                          encoding="utf-8")
+    with open(source, "rb") as handle, _mapped(handle) as data:
         try:
-            async def write_all() -> None:
-                async for line in run_batch(service, requests[done:], concurrency=args.max_batch):
-                    status = line["response"]["status_code"] if line["response"] else None
-                    counts["ok" if status == 200 else "failed"] += 1
-                    out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-                    out.flush()
-            asyncio.run(write_all())
-        finally:
-            if out is not sys.stdout:
-                out.close()
+            lines = index_lines(data)
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"--input {args.input!r} is not UTF-8 text ({error.reason} at byte {error.start})") \
+                from None
+        if not len(lines):
+            raise ConfigError(f"--input {args.input!r} holds no requests")
+        done = _resume(Path(args.output), lines) if args.resume else 0
+        began, counts = time.perf_counter(), Counter()
+        if done < len(lines):
+            # no kept responses: a line cannot name another's response, whose id it cannot know; no files API either
+            service = build_service(dataclasses.replace(serve_config(args), responses_kept=0, files_bytes=0))
+            out = sys.stdout if args.output == "-" else open(args.output, "a" if done else "w",  # noqa: SIM115
+                                                              encoding="utf-8")
+            try:
+                async def write_all() -> None:
+                    async for line in run_batch(service, lines, concurrency=args.max_batch, first=done):
+                        status = line["response"]["status_code"] if line["response"] else None
+                        counts["ok" if status == 200 else "failed"] += 1
+                        out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+                        out.flush()
+                asyncio.run(write_all())
+            finally:
+                if out is not sys.stdout:
+                    out.close()
     resumed = f", {done} already in {args.output}" if args.resume else ""
-    print(f"batch: {len(requests)} requests{resumed}, {counts['ok']} answered 200, {counts['failed']} failed "
+    print(f"batch: {len(lines)} requests{resumed}, {counts['ok']} answered 200, {counts['failed']} failed "
           f"({time.perf_counter() - began:.1f} s)", file=sys.stderr)
     return 0
 
 
-def _resume(output: Path, requests: list[BatchRequest]) -> int:
+@contextlib.contextmanager
+def _mapped(handle: BinaryIO) -> Iterator[bytes | mmap.mmap]:
+    """The file's bytes where they lie (a read-only map: pages the kernel may drop and read again), or b"" for an
+    empty file (which cannot be mapped)."""
+    if os.fstat(handle.fileno()).st_size == 0:
+        yield b""
+        return
+    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        yield data
+
+
+def _resume(output: Path, lines: BatchLines) -> int:
     """How many requests `output` already answers (batch_file.results_done), after cutting off a last line that a
-    stopped run left half written; 0 when there is no output yet."""
+    stopped run left half written; 0 when there is no output yet. The output is read a line at a time."""
     if str(output) == "-":
         raise ConfigError("--resume needs --output to be a file (it continues the results written there)")
     if not output.is_file():
         return 0
-    data = output.read_bytes()
-    whole = data[: data.rfind(b"\n") + 1]  # [] when no line was finished
+    whole = 0  # bytes of the whole lines read so far
+
+    def results(handle: BinaryIO) -> Iterator[str]:
+        nonlocal whole
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                return  # a half-written last line
+            whole += len(raw)
+            yield raw[:-1].decode("utf-8")
     try:
-        lines = whole.decode("utf-8").split("\n")[:-1]
-        done = results_done(lines, requests)
+        with open(output, "rb") as handle:
+            done = results_done(results(handle), lines)
     except (UnicodeDecodeError, ValueError) as error:
         reason = "it is not UTF-8 text" if isinstance(error, UnicodeDecodeError) else str(error)
         raise ConfigError(f"--resume: --output {str(output)!r} does not continue this --input: {reason}") from None
-    if len(whole) < len(data):
+    if whole < output.stat().st_size:
         with open(output, "r+b") as handle:
-            handle.truncate(len(whole))
+            handle.truncate(whole)
     return done
 
 

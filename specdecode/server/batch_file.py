@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mmap
 import uuid
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+Buffer = bytes | mmap.mmap  # a batch file's bytes
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 RETRY_S = 0.05  # the wait before a request the queue refused (429) is sent again
 
@@ -59,39 +62,78 @@ def read_line(number: int, text: str) -> BatchRequest:
     return BatchRequest(number, custom_id, url, body)
 
 
-def read_requests(lines: Iterable[str]) -> list[BatchRequest]:
-    """The batch file's lines (blank ones skipped), each read; a custom_id used twice is an error on the later
-    line, as results are matched to requests by it."""
-    requests, seen = [], set()
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        request = read_line(number, text)
+def request_spans(data: Buffer) -> Iterator[tuple[int, int, int]]:
+    """(line number, start, end) of each line of a batch file's bytes that is not blank; lines end at "\n", as
+    JSONL's do (a JSON string may hold U+2028 as it is)."""
+    start, number, size = 0, 0, len(data)
+    while start <= size:
+        end = data.find(b"\n", start)
+        end, number = size if end < 0 else end, number + 1
+        if data[start:end].strip():
+            yield number, start, end
+        start = end + 1
+
+
+@dataclass(frozen=True)
+class BatchLines:
+    """A batch file's requests, as where each line lies in it (24 bytes a line): a line is read again when its
+    request is sent, so a batch of a million lines holds a million places, not a million parsed bodies."""
+
+    data: Buffer  # the file's bytes (the store's, or a map of the file: not a copy)
+    spans: array  # line number, start and end of each request's line, one after another
+    repeated: frozenset[int] = frozenset()  # requests whose custom_id an earlier line has
+
+    def __len__(self) -> int:
+        return len(self.spans) // 3
+
+    def request(self, index: int) -> BatchRequest:
+        number, start, end = self.spans[3 * index : 3 * index + 3]
+        request = read_line(number, bytes(self.data[start:end]).decode("utf-8"))
+        if index in self.repeated:
+            return BatchRequest(number, request.custom_id,
+                                error=f"line {number}: custom_id {request.custom_id!r} is used by an earlier line")
+        return request
+
+
+def index_lines(data: Buffer) -> BatchLines:
+    """A batch file's lines, each read once as `read_line` checks it (a custom_id used twice is an error on the
+    later line, as results are matched to requests by it) and then forgotten but for its place and its id.
+    UnicodeDecodeError (its start: the byte in the file) when a line is not UTF-8."""
+    spans, seen, repeated = array("q"), set(), set()
+    for number, start, end in request_spans(data):
+        try:
+            request = read_line(number, bytes(data[start:end]).decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise UnicodeDecodeError(error.encoding, error.object, start + error.start, start + error.end,
+                                     error.reason) from None
         if request.error is None and request.custom_id in seen:
-            request = BatchRequest(number, request.custom_id,
-                                   error=f"line {number}: custom_id {request.custom_id!r} is used by an earlier line")
+            repeated.add(len(spans) // 3)
         seen.add(request.custom_id)
-        requests.append(request)
-    return requests
+        spans.extend((number, start, end))
+    return BatchLines(data, spans, frozenset(repeated))
 
 
-def results_done(lines: list[str], requests: list[BatchRequest]) -> int:
+def results_done(lines: Iterable[str], requests: BatchLines) -> int:
     """How many of `requests` already have their result among `lines`, the whole lines of an output that a run
-    stopped part way wrote: results are written in input order, so they are the first len(lines) requests, each
+    stopped part way wrote: results are written in input order, so they are the first requests' results, each
     line naming its request's custom_id (None for a line that is no request). ValueError, saying where, when the
     lines are not such a head of this batch's results."""
-    for number, (text, request) in enumerate(zip(lines, requests), start=1):
+    done, rest = 0, iter(lines)
+    for number, text in enumerate(rest, start=1):
+        if number > len(requests):
+            raise ValueError(f"it holds {number + sum(1 for _ in rest)} results, more than the {len(requests)} "
+                             "requests")
         try:
             result = json.loads(text)
         except ValueError:
             raise ValueError(f"its line {number} is not JSON") from None
-        if not isinstance(result, dict) or result.get("custom_id", "") != request.custom_id:
+        custom_id = requests.request(number - 1).custom_id
+        if not isinstance(result, dict) or result.get("custom_id", "") != custom_id:
             got = result.get("custom_id") if isinstance(result, dict) else None
             raise ValueError(f"its line {number} is the result of custom_id {got!r}, where the input's request "
-                             f"{number} is {request.custom_id!r}")
-    if len(lines) > len(requests):
-        raise ValueError(f"it holds {len(lines)} results, more than the {len(requests)} requests")
-    return len(lines)
+                             f"{number} is {custom_id!r}")
+        done = number
+    return done
 
 
 def error_line(custom_id: str | None, code: str, message: str) -> dict:

@@ -35,7 +35,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from specdecode.server.batch_file import URLS, BatchRequest, answer, app_client, error_line, read_line
+from specdecode.server.batch_file import (
+    URLS,
+    BatchLines,
+    answer,
+    app_client,
+    error_line,
+    read_line,
+    request_spans,
+)
 from specdecode.server.errors import APIError, bad_request, shown
 from specdecode.server.file_store import OUTPUT_PURPOSE, FileStore
 from specdecode.server.schemas import Metadata
@@ -140,7 +148,7 @@ class Batches:
             job.reach("failed")
             return job
         job.reach("in_progress")
-        lines = _Lines(held.data, array("q", [n for span in spans for n in span]))  # 24 bytes a line
+        lines = BatchLines(held.data, array("q", [n for span in spans for n in span]))  # 24 bytes a line
         job.task = asyncio.get_running_loop().create_task(self._guarded(job, lines, app))
         return job
 
@@ -173,7 +181,7 @@ class Batches:
                                 "to end", "rate_limit_error", code="too_many_batches")
         del self._jobs[ended.id]
 
-    async def _guarded(self, job: BatchJob, lines: _Lines, app: Any) -> None:
+    async def _guarded(self, job: BatchJob, lines: BatchLines, app: Any) -> None:
         """_run, and a bug in it fails the batch (logged) rather than leaving it in progress for ever."""
         try:
             await self._run(job, lines, app)
@@ -183,7 +191,7 @@ class Batches:
                            "param": None, "line": None}]
             job.reach("failed")
 
-    async def _run(self, job: BatchJob, lines: _Lines, app: Any) -> None:
+    async def _run(self, job: BatchJob, lines: BatchLines, app: Any) -> None:
         if self._gate is None:
             self._gate = asyncio.Semaphore(self.concurrency)
         gate = self._gate
@@ -226,22 +234,7 @@ class Batches:
         job.reach(ending)
 
 
-@dataclass(frozen=True)
-class _Lines:
-    """A running batch's requests: where each lies in its file (read again when a worker takes it)."""
-
-    data: bytes  # the file (the store's bytes, not a copy)
-    spans: array  # line number, start and end of each request's line, one after another
-
-    def __len__(self) -> int:
-        return len(self.spans) // 3
-
-    def request(self, index: int) -> BatchRequest:
-        number, start, end = self.spans[3 * index : 3 * index + 3]
-        return read_line(number, self.data[start:end].decode("utf-8"))
-
-
-def _sorted_results(lines: _Lines, results: list[dict | None], failed: set[int],
+def _sorted_results(lines: BatchLines, results: list[dict | None], failed: set[int],
                     ending: str) -> tuple[list[dict], list[dict]]:
     """(the output file's lines, the error file's), in the input's order: every line's answer, or why it has none."""
     answered, others = [], []
@@ -270,16 +263,12 @@ def _read(data: bytes, endpoint: str) -> tuple[list[tuple[int, int, int]], list[
     except UnicodeDecodeError as error:
         return [], [{"code": "invalid_file", "message": f"the file is not UTF-8 text ({error.reason} at byte "
                                                         f"{error.start})", "param": None, "line": None}]
-    spans, start, number = [], 0, 0
-    while start <= len(data):
-        end = data.find(b"\n", start)
-        end, number = len(data) if end < 0 else end, number + 1
-        if data[start:end].strip():
-            spans.append((number, start, end))
-            if len(spans) > MAX_REQUESTS:
-                message = f"the file holds more than {MAX_REQUESTS} requests, the most a batch takes"
-                return [], [{"code": "invalid_file", "message": message, "param": None, "line": None}]
-        start = end + 1
+    spans = []
+    for span in request_spans(data):
+        spans.append(span)
+        if len(spans) > MAX_REQUESTS:
+            message = f"the file holds more than {MAX_REQUESTS} requests, the most a batch takes"
+            return [], [{"code": "invalid_file", "message": message, "param": None, "line": None}]
     if not spans:
         return [], [{"code": "empty_file", "message": "the file holds no requests", "param": None, "line": None}]
     errors, seen = [], set()

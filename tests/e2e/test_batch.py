@@ -12,7 +12,7 @@ import pytest
 
 from specdecode.cli.main import main
 from specdecode.core.target import Target
-from specdecode.server.batch import BatchRequest, read_requests, run_batch
+from specdecode.server.batch import BatchLines, index_lines, run_batch
 from tests.e2e.server_util import MODEL, serving, tiny_service
 from tests.tiny import tool_tokenizer
 
@@ -38,9 +38,13 @@ def _lines(bodies, prefix: str = "r") -> list[str]:
             for i, (url, body) in enumerate(bodies)]
 
 
-def _run(service, requests: list[BatchRequest], concurrency: int) -> list[dict]:
+def read_requests(lines: list[str]) -> BatchLines:
+    return index_lines("\n".join(lines).encode())
+
+
+def _run(service, requests: BatchLines, concurrency: int, ahead: int | None = None) -> list[dict]:
     async def collect() -> list[dict]:
-        return [line async for line in run_batch(service, requests, concurrency)]
+        return [line async for line in run_batch(service, requests, concurrency, ahead=ahead)]
     return asyncio.run(collect())
 
 
@@ -110,8 +114,14 @@ def test_the_command_writes_a_line_per_request_and_bad_input_exits_2(tiny_model_
     assert first["response"]["status_code"] == 200 and second["error"]["code"] == "invalid_request"
     assert "2 requests, 1 answered 200, 1 failed" in capsys.readouterr().err
     (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "nothing.jsonl").write_bytes(b"")
+    first = source.read_bytes().split(b"\n")[0] + b"\n"
+    (tmp_path / "latin1.jsonl").write_bytes(first + b'{"custom_id": "caf\xe9"}\n')
     for argv, message in ((["-i", str(tmp_path / "none.jsonl"), "-o", str(out)], "is not a file"),
                           (["-i", str(tmp_path / "empty.jsonl"), "-o", str(out)], "holds no requests"),
+                          (["-i", str(tmp_path / "nothing.jsonl"), "-o", str(out)], "holds no requests"),
+                          (["-i", str(tmp_path / "latin1.jsonl"), "-o", str(out)],
+                           f"is not UTF-8 text (invalid continuation byte at byte {len(first) + 18})"),
                           (["-i", str(source), "-o", str(tmp_path / "no" / "out.jsonl")], "folder does not exist")):
         assert main(["batch", "--model", tiny_model_dir, *argv]) == 2
         err = capsys.readouterr().err.strip()
@@ -151,6 +161,30 @@ def test_resume_keeps_the_results_written_and_answers_the_rest(tiny_model_dir, t
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
     assert out.read_text() == "".join(resumed)  # a refused resume leaves the output as it was
+
+
+def test_a_slow_request_holds_a_bounded_window_of_results_behind_it(target, monkeypatch):
+    """Every line's task was started at once, and a slow first request kept every later result in memory: at most
+    `ahead` lines past the next one to write are read and started."""
+    import specdecode.server.batch as batch_module
+    seen = {"started": 0, "written": 0, "most": 0}
+
+    async def slow_first(client, gate, request):
+        seen["started"] += 1
+        seen["most"] = max(seen["most"], seen["started"] - seen["written"])
+        await asyncio.sleep(0.2 if request.line == 1 else 0)
+        return {"custom_id": request.custom_id}
+    monkeypatch.setattr(batch_module, "answer", slow_first)
+    lines = read_requests(_lines([("/v1/completions", {"model": MODEL, "prompt": "x"})] * 40))
+
+    async def collect() -> list[str]:
+        written = []
+        async for line in run_batch(tiny_service(target), lines, concurrency=4, ahead=6):
+            seen["written"] += 1
+            written.append(line["custom_id"])
+        return written
+    assert asyncio.run(collect()) == [f"r{i}" for i in range(40)]
+    assert seen["most"] == 6
 
 
 def test_a_bug_is_a_500_result_line_and_the_batch_goes_on(target, monkeypatch):
