@@ -1,16 +1,13 @@
 """`specdecode batch`: an OpenAI batch file (JSONL requests) run offline through the server's app, one result line
-per request, in order (server/batch.py). Takes `serve`'s model, drafter and batching flags. The input is read where
-it lies and the output written as results come, so a file of any length runs in the memory of the requests in
-flight."""
+per request, in order (server/batch.py). Takes `serve`'s model, drafter and batching flags. The input's lines are
+read again from the file as they are sent and the output written as results come, so a file of any length runs in
+the memory of the requests in flight."""
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
-import mmap
-import os
 import sys
 import time
 from collections import Counter
@@ -22,7 +19,7 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
 from specdecode.server.batch import BatchLines, index_lines, run_batch
-from specdecode.server.batch_file import results_done
+from specdecode.server.batch_file import FileBytes, results_done
 from specdecode.server.service import build_service
 
 
@@ -32,9 +29,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
         raise ConfigError(f"--input {args.input!r} is not a file")
     if args.output != "-" and not Path(args.output).parent.is_dir():
         raise ConfigError(f"--output {args.output!r}: its folder does not exist")
-    with open(source, "rb") as handle, _mapped(handle) as data:
+    if args.output != "-" and Path(args.output).exists() and Path(args.output).samefile(source):
+        raise ConfigError(f"--output {args.output!r} is the --input file (its lines are read again as they are sent)")
+    with open(source, "rb") as handle:
         try:
-            lines = index_lines(data)
+            lines = index_lines(handle, FileBytes(handle.fileno()))
         except UnicodeDecodeError as error:
             raise ConfigError(f"--input {args.input!r} is not UTF-8 text ({error.reason} at byte {error.start})") \
                 from None
@@ -62,17 +61,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
     print(f"batch: {len(lines)} requests{resumed}, {counts['ok']} answered 200, {counts['failed']} failed "
           f"({time.perf_counter() - began:.1f} s)", file=sys.stderr)
     return 0
-
-
-@contextlib.contextmanager
-def _mapped(handle: BinaryIO) -> Iterator[bytes | mmap.mmap]:
-    """The file's bytes where they lie (a read-only map: pages the kernel may drop and read again), or b"" for an
-    empty file (which cannot be mapped)."""
-    if os.fstat(handle.fileno()).st_size == 0:
-        yield b""
-        return
-    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        yield data
 
 
 def _resume(output: Path, lines: BatchLines) -> int:

@@ -5,7 +5,7 @@ result line per request (batch_file.py). Each body goes to the app of app.py in 
 checked, decoded and answered exactly as `serve` would answer it: continuous batching, every drafter, structured
 outputs; the suffix drafter's store learns from the earlier answers as a server's does. Results are written in the
 input's order, as soon as each one and all before it are done. No line is dropped: every input line gets its output
-line. The file is read where it lies (a map of it): each line is parsed once to check it, and again when it is
+line. The file is read where it lies: each line is parsed once to check it, and read and parsed again when it is
 sent, so memory follows the requests in flight, not the file's length. A running server takes the same files
 through the Batches API (batches.py).
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import mmap
+import os
 import uuid
 from array import array
 from collections.abc import Iterable, Iterator
@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 
-Buffer = bytes | mmap.mmap  # a batch file's bytes
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 RETRY_S = 0.05  # the wait before a request the queue refused (429) is sent again
 
@@ -62,16 +61,28 @@ def read_line(number: int, text: str) -> BatchRequest:
     return BatchRequest(number, custom_id, url, body)
 
 
-def request_spans(data: Buffer) -> Iterator[tuple[int, int, int]]:
-    """(line number, start, end) of each line of a batch file's bytes that is not blank; lines end at "\n", as
-    JSONL's do (a JSON string may hold U+2028 as it is)."""
-    start, number, size = 0, 0, len(data)
-    while start <= size:
-        end = data.find(b"\n", start)
-        end, number = size if end < 0 else end, number + 1
-        if data[start:end].strip():
-            yield number, start, end
-        start = end + 1
+def request_spans(lines: Iterable[bytes]) -> Iterator[tuple[int, int, int, bytes]]:
+    """(line number, start, end, its bytes) of each line of a batch file that is not blank, from the file's lines
+    in order as binary reads give them (each but the last ending in "\n": JSONL's lines end there, and a JSON
+    string may hold U+2028 as it is)."""
+    start = 0
+    for number, raw in enumerate(lines, start=1):
+        text = raw.removesuffix(b"\n")
+        if text.strip():
+            yield number, start, start + len(text), text
+        start += len(raw)
+
+
+class FileBytes:
+    """A file's bytes read where they lie (os.pread on an open descriptor), sliced like bytes: the offline batch's
+    input, whose lines are read again when they are sent rather than held. A file cut short meanwhile reads short
+    (that line is then no request), never a crash as a map of it would be."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __getitem__(self, span: slice) -> bytes:
+        return os.pread(self.fd, span.stop - span.start, span.start)
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ class BatchLines:
     """A batch file's requests, as where each line lies in it (24 bytes a line): a line is read again when its
     request is sent, so a batch of a million lines holds a million places, not a million parsed bodies."""
 
-    data: Buffer  # the file's bytes (the store's, or a map of the file: not a copy)
+    data: bytes | FileBytes  # the file (the store's bytes, not a copy; or the file itself)
     spans: array  # line number, start and end of each request's line, one after another
     repeated: frozenset[int] = frozenset()  # requests whose custom_id an earlier line has
 
@@ -88,21 +99,22 @@ class BatchLines:
 
     def request(self, index: int) -> BatchRequest:
         number, start, end = self.spans[3 * index : 3 * index + 3]
-        request = read_line(number, bytes(self.data[start:end]).decode("utf-8"))
+        request = read_line(number, self.data[start:end].decode("utf-8", errors="replace"))
         if index in self.repeated:
             return BatchRequest(number, request.custom_id,
                                 error=f"line {number}: custom_id {request.custom_id!r} is used by an earlier line")
         return request
 
 
-def index_lines(data: Buffer) -> BatchLines:
-    """A batch file's lines, each read once as `read_line` checks it (a custom_id used twice is an error on the
-    later line, as results are matched to requests by it) and then forgotten but for its place and its id.
-    UnicodeDecodeError (its start: the byte in the file) when a line is not UTF-8."""
+def index_lines(lines: Iterable[bytes], data: bytes | FileBytes) -> BatchLines:
+    """A batch file's lines (binary reads of `data`, in order), each read once as `read_line` checks it (a
+    custom_id used twice is an error on the later line, as results are matched to requests by it), then held
+    only as its place and, until the index is built, its id. UnicodeDecodeError (its start: the byte in the file)
+    when a line is not UTF-8."""
     spans, seen, repeated = array("q"), set(), set()
-    for number, start, end in request_spans(data):
+    for number, start, end, text in request_spans(lines):
         try:
-            request = read_line(number, bytes(data[start:end]).decode("utf-8"))
+            request = read_line(number, text.decode("utf-8"))
         except UnicodeDecodeError as error:
             raise UnicodeDecodeError(error.encoding, error.object, start + error.start, start + error.end,
                                      error.reason) from None

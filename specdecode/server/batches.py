@@ -24,6 +24,7 @@ files kept); all of it in memory, none of it outliving the process.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import time
@@ -264,8 +265,8 @@ def _read(data: bytes, endpoint: str) -> tuple[list[tuple[int, int, int]], list[
         return [], [{"code": "invalid_file", "message": f"the file is not UTF-8 text ({error.reason} at byte "
                                                         f"{error.start})", "param": None, "line": None}]
     spans = []
-    for span in request_spans(data):
-        spans.append(span)
+    for number, start, end, _ in request_spans(io.BytesIO(data)):
+        spans.append((number, start, end))
         if len(spans) > MAX_REQUESTS:
             message = f"the file holds more than {MAX_REQUESTS} requests, the most a batch takes"
             return [], [{"code": "invalid_file", "message": message, "param": None, "line": None}]

@@ -6,6 +6,7 @@ command's bad input exits 2."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from specdecode.cli.main import main
 from specdecode.core.target import Target
 from specdecode.server.batch import BatchLines, index_lines, run_batch
+from specdecode.server.batch_file import FileBytes
 from tests.e2e.server_util import MODEL, serving, tiny_service
 from tests.tiny import tool_tokenizer
 
@@ -39,7 +41,8 @@ def _lines(bodies, prefix: str = "r") -> list[str]:
 
 
 def read_requests(lines: list[str]) -> BatchLines:
-    return index_lines("\n".join(lines).encode())
+    data = "\n".join(lines).encode()
+    return index_lines(io.BytesIO(data), data)
 
 
 def _run(service, requests: BatchLines, concurrency: int, ahead: int | None = None) -> list[dict]:
@@ -122,6 +125,7 @@ def test_the_command_writes_a_line_per_request_and_bad_input_exits_2(tiny_model_
                           (["-i", str(tmp_path / "nothing.jsonl"), "-o", str(out)], "holds no requests"),
                           (["-i", str(tmp_path / "latin1.jsonl"), "-o", str(out)],
                            f"is not UTF-8 text (invalid continuation byte at byte {len(first) + 18})"),
+                          (["-i", str(source), "-o", str(source)], "is the --input file"),
                           (["-i", str(source), "-o", str(tmp_path / "no" / "out.jsonl")], "folder does not exist")):
         assert main(["batch", "--model", tiny_model_dir, *argv]) == 2
         err = capsys.readouterr().err.strip()
@@ -185,6 +189,19 @@ def test_a_slow_request_holds_a_bounded_window_of_results_behind_it(target, monk
         return written
     assert asyncio.run(collect()) == [f"r{i}" for i in range(40)]
     assert seen["most"] == 6
+
+
+def test_a_line_of_an_input_cut_short_while_it_runs_is_no_request(tmp_path):
+    """The offline batch reads each line from the file again when it sends it: a file cut short meanwhile gives that
+    line an error (a map of the file would have been a crash: SIGBUS)."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(_lines(BODIES[:3])) + "\n")
+    with open(path, "rb") as handle:
+        lines = index_lines(handle, FileBytes(handle.fileno()))
+        with open(path, "r+b") as cut:
+            cut.truncate(path.stat().st_size - 20)
+        assert lines.request(0).error is None and lines.request(0).custom_id == "r0"
+        assert lines.request(2).error.startswith("line 3 is not JSON")
 
 
 def test_a_bug_is_a_500_result_line_and_the_batch_goes_on(target, monkeypatch):
