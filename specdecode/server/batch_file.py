@@ -100,28 +100,39 @@ class BatchLines:
     def request(self, index: int) -> BatchRequest:
         number, start, end = self.spans[3 * index : 3 * index + 3]
         request = read_line(number, self.data[start:end].decode("utf-8", errors="replace"))
-        if index in self.repeated:
-            return BatchRequest(number, request.custom_id,
-                                error=f"line {number}: custom_id {request.custom_id!r} is used by an earlier line")
-        return request
+        return _used_before(request) if index in self.repeated else request
 
 
-def index_lines(lines: Iterable[bytes], data: bytes | FileBytes) -> BatchLines:
-    """A batch file's lines (binary reads of `data`, in order), each read once as `read_line` checks it (a
-    custom_id used twice is an error on the later line, as results are matched to requests by it), then held
-    only as its place and, until the index is built, its id. UnicodeDecodeError (its start: the byte in the file)
-    when a line is not UTF-8."""
-    spans, seen, repeated = array("q"), set(), set()
+def checked_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, int, BatchRequest, bool]]:
+    """(start, end, request, repeated) of each line of a batch file that is not blank (lines: its binary reads, in
+    order), read as `read_line` checks it; a custom_id used twice is an error on the later line (repeated), as
+    results are matched to requests by it. UnicodeDecodeError (its start: the byte in the file) when a line is not
+    UTF-8. The one check of a batch file's lines, offline (index_lines) and in the Batches API (batches.py)."""
+    seen = set()
     for number, start, end, text in request_spans(lines):
         try:
             request = read_line(number, text.decode("utf-8"))
         except UnicodeDecodeError as error:
             raise UnicodeDecodeError(error.encoding, error.object, start + error.start, start + error.end,
                                      error.reason) from None
-        if request.error is None and request.custom_id in seen:
-            repeated.add(len(spans) // 3)
+        repeated = request.error is None and request.custom_id in seen
         seen.add(request.custom_id)
-        spans.extend((number, start, end))
+        yield start, end, _used_before(request) if repeated else request, repeated
+
+
+def _used_before(request: BatchRequest) -> BatchRequest:
+    return BatchRequest(request.line, request.custom_id,
+                        error=f"line {request.line}: custom_id {request.custom_id!r} is used by an earlier line")
+
+
+def index_lines(lines: Iterable[bytes], data: bytes | FileBytes) -> BatchLines:
+    """A batch file's lines (binary reads of `data`, in order), each checked once (checked_lines), then held only
+    as its place (and, for a custom_id used twice, that it was). UnicodeDecodeError as checked_lines raises it."""
+    spans, repeated = array("q"), set()
+    for start, end, request, used_before in checked_lines(lines):
+        if used_before:
+            repeated.add(len(spans) // 3)
+        spans.extend((request.line, start, end))
     return BatchLines(data, spans, frozenset(repeated))
 
 

@@ -41,9 +41,8 @@ from specdecode.server.batch_file import (
     BatchLines,
     answer,
     app_client,
+    checked_lines,
     error_line,
-    read_line,
-    request_spans,
 )
 from specdecode.server.errors import APIError, bad_request, shown
 from specdecode.server.file_store import OUTPUT_PURPOSE, FileStore
@@ -143,13 +142,13 @@ class Batches:
         self._make_room()
         job = BatchJob("batch_" + uuid.uuid4().hex, body.endpoint, held.id, int(time.time()), body.metadata)
         self._jobs[job.id] = job
-        job.total = len(spans)
+        job.total = len(spans) // 3
         if errors:
             job.errors = errors
             job.reach("failed")
             return job
         job.reach("in_progress")
-        lines = BatchLines(held.data, array("q", [n for span in spans for n in span]))  # 24 bytes a line
+        lines = BatchLines(held.data, spans)  # 24 bytes a line
         job.task = asyncio.get_running_loop().create_task(self._guarded(job, lines, app))
         return job
 
@@ -256,33 +255,27 @@ def _check(body: BatchCreate) -> None:
                           "completion_window", "invalid_value")
 
 
-def _read(data: bytes, endpoint: str) -> tuple[list[tuple[int, int, int]], list[dict]]:
-    """Where the file's requests lie ((line number, start, end) of each non-blank line; lines end at "\n", as
-    JSONL's do), and an error for each line that is not a request to `endpoint` (OpenAI's shape)."""
+def _read(data: bytes, endpoint: str) -> tuple[array, list[dict]]:
+    """Where the file's requests lie (line number, start and end of each non-blank line, one after another; lines
+    end at "\n", as JSONL's do), and an error for each line that is not a request to `endpoint` (OpenAI's shape),
+    each line checked once as `specdecode batch` checks it (batch_file.checked_lines)."""
+    spans, errors = array("q"), []
     try:
-        data.decode("utf-8")
+        for start, end, request, _ in checked_lines(io.BytesIO(data)):
+            if len(spans) // 3 == MAX_REQUESTS:
+                message = f"the file holds more than {MAX_REQUESTS} requests, the most a batch takes"
+                return array("q"), [{"code": "invalid_file", "message": message, "param": None, "line": None}]
+            message = request.error
+            if message is None and request.url != endpoint:
+                message = f"line {request.line}: url {request.url} is not the batch's endpoint {endpoint}"
+            if message is not None:
+                errors.append({"code": "invalid_request", "message": message, "param": None, "line": request.line})
+            spans.extend((request.line, start, end))
     except UnicodeDecodeError as error:
-        return [], [{"code": "invalid_file", "message": f"the file is not UTF-8 text ({error.reason} at byte "
-                                                        f"{error.start})", "param": None, "line": None}]
-    spans = []
-    for number, start, end, _ in request_spans(io.BytesIO(data)):
-        spans.append((number, start, end))
-        if len(spans) > MAX_REQUESTS:
-            message = f"the file holds more than {MAX_REQUESTS} requests, the most a batch takes"
-            return [], [{"code": "invalid_file", "message": message, "param": None, "line": None}]
+        return array("q"), [{"code": "invalid_file", "message": f"the file is not UTF-8 text ({error.reason} at byte "
+                                                                f"{error.start})", "param": None, "line": None}]
     if not spans:
-        return [], [{"code": "empty_file", "message": "the file holds no requests", "param": None, "line": None}]
-    errors, seen = [], set()
-    for number, start, end in spans:
-        request = read_line(number, data[start:end].decode("utf-8"))
-        message = request.error
-        if message is None and request.custom_id in seen:
-            message = f"line {number}: custom_id {request.custom_id!r} is used by an earlier line"
-        elif message is None and request.url != endpoint:
-            message = f"line {number}: url {request.url} is not the batch's endpoint {endpoint}"
-        seen.add(request.custom_id)
-        if message is not None:
-            errors.append({"code": "invalid_request", "message": message, "param": None, "line": number})
+        return spans, [{"code": "empty_file", "message": "the file holds no requests", "param": None, "line": None}]
     if len(errors) > ERRORS_LISTED:
         more = len(errors) - ERRORS_LISTED
         errors = [*errors[:ERRORS_LISTED], {"code": "invalid_request", "message": f"{more} more lines are not "

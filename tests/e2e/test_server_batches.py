@@ -391,6 +391,10 @@ def test_lines_end_at_newlines_only_and_a_file_holds_at_most_50000_requests():
     many = asyncio.run(go(b"{}\n" * (batches_module.MAX_REQUESTS + 1)))
     assert many["status"] == "failed" and many["errors"]["data"][0]["code"] == "invalid_file"
     assert "more than 50000 requests" in many["errors"]["data"][0]["message"]
+    latin1 = asyncio.run(go(text + b'{"custom_id": "caf\xe9"}\n'))  # the bad byte: 18 into the third line
+    error = latin1["errors"]["data"][0]
+    assert latin1["status"] == "failed" and error["code"] == "invalid_file"
+    assert f"not UTF-8 text (invalid continuation byte at byte {len(text) + 18})" in error["message"]
 
 
 def test_a_failed_batch_lists_its_first_100_errors_and_counts_the_rest():
