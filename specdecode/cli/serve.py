@@ -23,6 +23,7 @@ from specdecode.server.service import (
     CONVERSATION_BYTES,
     FILES_BYTES,
     K_POLICIES,
+    RESPONSES_BYTES,
     RESPONSES_KEPT,
     ServeConfig,
     build_service,
@@ -80,7 +81,7 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
     config = ServeConfig(model_config(args), drafter_config(args), allowed, spec_config(args), args.k_policy,
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
                          args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args), files_bytes(args),
-                         conversation_bytes(args))
+                         conversation_bytes(args), responses_bytes(args))
     config.resolved()  # for its checks
     return config
 
@@ -89,6 +90,11 @@ def responses_kept(args: argparse.Namespace) -> int:
     """--responses-store: none with --replicas (each replica would keep its own, so a follow-up could reach one
     that does not hold the response it names)."""
     return _one_process_store(args, "--responses-store", RESPONSES_KEPT, "kept responses")
+
+
+def responses_bytes(args: argparse.Namespace) -> int:
+    """--responses-store-bytes: none with --replicas (as for kept responses)."""
+    return _one_process_store(args, "--responses-store-bytes", RESPONSES_BYTES, "kept responses")
 
 
 def conversation_bytes(args: argparse.Namespace) -> int:
@@ -280,6 +286,10 @@ def register(subparsers, name: str) -> None:
                              "/v1/responses/ID, and as many conversations (/v1/conversations), least recently used "
                              f"dropped first (default {RESPONSES_KEPT}; 0: none; with --replicas none, as replicas "
                              "do not share them)")
+    parser.add_argument("--responses-store-bytes", type=store_size, default=None, metavar="BYTES",
+                        help="memory for the kept responses (their input items and output, as JSON), in bytes or "
+                             "with a unit; least recently used responses are dropped past it (default "
+                             f"{RESPONSES_BYTES >> 20}MiB; 0: none kept; with --replicas none)")
     parser.add_argument("--conversation-store", type=store_size, default=None, metavar="BYTES",
                         help="memory for the Conversations API's items and metadata (as JSON), in bytes or with a "
                              "unit; least recently used conversations are dropped past it, and an add that would "

@@ -39,9 +39,10 @@ from specdecode.server.as_chat import AsChat
 from specdecode.server.batch_routes import add_batch_routes
 from specdecode.server.batches import BatchCreate, Batches
 from specdecode.server.bodies import read_body, require_json
-from specdecode.server.conversation_routes import KEEPING, add_conversation_routes, not_held
+from specdecode.server.conversation_routes import KEEPING, add_conversation_routes, not_held, too_large
 from specdecode.server.conversation_routes import SCHEMAS as CONVERSATION_BODIES
 from specdecode.server.conversation_store import CONVERSATION_BYTES, ConversationStore
+from specdecode.server.conversation_store import TooLarge as ConversationTooLarge
 from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.file_store import FILES_BYTES, FileStore
 from specdecode.server.messages import (
@@ -57,7 +58,7 @@ from specdecode.server.pages import page, page_query
 from specdecode.server.playground import add_playground
 from specdecode.server.policy import SpecPolicy
 from specdecode.server.replies import Choice, Reply, sse, whole
-from specdecode.server.response_store import RESPONSES_KEPT, ResponseStore
+from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT, ResponseStore
 from specdecode.server.responses import INPUT_ITEMS, ResponsesRequest, ResponseWriter, TextConfig, responses_error
 from specdecode.server.router import RoutingDrafter
 from specdecode.server.scheduler import (
@@ -104,6 +105,8 @@ class ServerConfig:
     files_bytes: int = FILES_BYTES
     # bytes of conversation items and metadata kept, as JSON (conversation_store.py); 0 (or responses_kept 0): none
     conversation_bytes: int = CONVERSATION_BYTES
+    # bytes of kept responses, as JSON (response_store.py); 0: none kept
+    responses_bytes: int = RESPONSES_BYTES
 
 
 @dataclass
@@ -147,7 +150,8 @@ def build_service(target: Target, drafters: Mapping[str, Drafter], default_draft
                                  prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
     scheduler = Scheduler(engine, router, scheduling, metrics, policy)
     added = getattr(target.tokenizer, "get_added_vocab", dict)()
-    kept = ResponseStore(config.responses_kept) if config.responses_kept > 0 else None
+    kept = (ResponseStore(config.responses_kept, config.responses_bytes)
+            if config.responses_kept > 0 and config.responses_bytes > 0 else None)
     conversations = (ConversationStore(config.responses_kept, config.conversation_bytes)
                      if config.responses_kept > 0 and config.conversation_bytes > 0 else None)
     files = FileStore(config.files_bytes) if config.files_bytes > 0 else None
@@ -527,7 +531,7 @@ async def _respond(service: Service, request: Request) -> Response:
     if req.previous_response_id is not None:
         req = req.after(_earlier_items(service, req.previous_response_id))
     elif req.conversation_id is not None:
-        req = req.after(_conversation_items(service, req.conversation_id), "conversation")
+        req = req.after(_conversation_items(service, req), "conversation")
     req = req.referenced(_kept_item(service) if service.responses is not None else None)
     ticket, shape, _ = await _as_chat(service, req, responses_error)
     writer = ResponseWriter(service.config.model_name, req, shape.tools.reading, service.responses,
@@ -544,19 +548,26 @@ def _earlier_items(service: Service, response_id: str) -> list[dict]:
     if items is None:
         raise APIError(400, f"previous response {shown(response_id)} is not held: it was never kept, was deleted, "
                             f"or it (or one it continued) was dropped for room (this server keeps the last "
-                            f"{service.responses.capacity} responses)", param="previous_response_id",
+                            f"{service.responses.capacity} responses, within {service.responses.max_bytes} bytes)",
+                       param="previous_response_id",
                        code="previous_response_not_found")
     return items
 
 
-def _conversation_items(service: Service, conversation_id: str) -> list[dict]:
-    """The items of the conversation a response continues, or a 4xx naming why not."""
+def _conversation_items(service: Service, req: ResponsesRequest) -> list[dict]:
+    """The items of the conversation the response continues, or a 4xx naming why not: a 413 where the request's
+    own items would take it past the store's bytes (they join it when the response finishes, and the model reads
+    none of their unknown fields, so the context does not bound them)."""
     if service.conversations is None:
         raise APIError(400, f"conversation needs a server that keeps conversations; this one keeps none ({KEEPING})",
                        param="conversation", code="unsupported")
-    held = service.conversations.get(conversation_id)
+    held = service.conversations.get(req.conversation_id)
     if held is None:
-        raise not_held(conversation_id, "conversation")
+        raise not_held(req.conversation_id, "conversation")
+    try:
+        service.conversations.check_room(held, req.own_items())
+    except ConversationTooLarge as error:
+        raise too_large(error, "input") from None
     return list(held.items)
 
 

@@ -64,7 +64,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
         try:
             return JSONResponse(store.create(items, req.metadata).card())
         except TooLarge as error:
-            raise _too_large(error) from None
+            raise too_large(error) from None
 
     async def add(request: Request, conversation_id: str) -> Response:
         held, store = _held(conversations, conversation_id), _kept(conversations)
@@ -72,7 +72,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
         try:
             items = store.add(held, _checked(req.items))
         except TooLarge as error:
-            raise _too_large(error) from None
+            raise too_large(error) from None
         return JSONResponse(page(items, PageQuery(len(items), newest_first=False, after=None), "items"))
 
     async def update(request: Request, conversation_id: str) -> Response:
@@ -160,9 +160,10 @@ def not_held(conversation_id: str, param: str = "conversation_id") -> APIError:
                          "dropped for room)", "not_found_error", param=param, code="not_found")
 
 
-def _too_large(error: TooLarge) -> APIError:
+def too_large(error: TooLarge, param: str = "items") -> APIError:
+    """The 413 for items that would take a conversation past the store's bytes; param: the field that sent them."""
     return APIError(413, f"the conversation would hold {error.size} bytes of items as JSON, and this server keeps at "
-                         f"most {error.limit} (serve --conversation-store)", param="items",
+                         f"most {error.limit} (serve --conversation-store)", param=param,
                     code="conversation_too_large")
 
 

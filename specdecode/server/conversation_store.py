@@ -89,9 +89,17 @@ class ConversationStore:
         self._trim(conversation)
         return conversation
 
+    def check_room(self, conversation: Conversation, items: list[dict]) -> int:
+        """The bytes `items` (given ids) would add to the conversation; TooLarge where that passes the budget."""
+        size = sum(size_of(with_id(item)) for item in items)
+        if conversation.nbytes + size > self.max_bytes:
+            raise TooLarge(conversation.nbytes + size, self.max_bytes)
+        return size
+
     def add(self, conversation: Conversation, items: list[dict], strict: bool = True) -> list[dict]:
         """Append `items` (each given an id: with_id) to a held conversation; -> them as added. strict: TooLarge,
-        nothing added, when the conversation would pass the budget (a finished response's items join unchecked)."""
+        nothing added, when the conversation would pass the budget (a finished response's items join unchecked:
+        its input was checked when it was admitted, check_room, and its output is bounded by its tokens)."""
         added = [with_id(item) for item in items]
         size = sum(size_of(item) for item in added)
         if strict and conversation.nbytes + size > self.max_bytes:

@@ -7,16 +7,22 @@ and the id it continued. A follow-up's conversation is that chain's items, oldes
 client that resends the conversation itself may name a kept item by its id instead (`{"type": "item_reference",
 "id"}`, as Codex does): every kept item with an id (the output's, and input items sent with one) is found by it.
 
-Kept in memory, in this process, for the last `capacity` responses (least recently used dropped first): a
-follow-up to one no longer held is a 400 that says so, never a silently shorter conversation. A response text is
-held as JSON items, so a full store of 1,024 answers of ~2,000 tokens holds ~10 MB of text.
+Kept in memory, in this process, for the last `capacity` responses and at most `max_bytes` of them as JSON (least
+recently used dropped first): a follow-up to one no longer held is a 400 that says so, never a silently shorter
+conversation. The byte bound is what holds memory: a kept input item keeps every field it was sent with, the ones
+the model never reads included (unknown fields are ignored, as in OpenAI's API), so without it 1,024 requests of
+8 MiB bodies would hold 8 GiB (measured: 30 requests carrying 4 MiB each grew the server by 134 MiB). The newest
+response is kept whatever its size (a request body is at most 8 MiB), the others making room.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from specdecode.server.conversation_store import size_of
+
 RESPONSES_KEPT = 1024  # the server's default capacity (serve --responses-store)
+RESPONSES_BYTES = 256 << 20  # the server's default budget (serve --responses-store-bytes)
 
 
 @dataclass(frozen=True)
@@ -35,25 +41,31 @@ class Kept:
 
 
 class ResponseStore:
-    """The last `capacity` responses by id. Used from the server's event loop only (no lock)."""
+    """The last `capacity` responses by id, within `max_bytes` (module docstring). Used from the server's event loop
+    only (no lock)."""
 
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError(f"a response store holds at least one response, got {capacity}")
-        self.capacity = capacity
+    def __init__(self, capacity: int, max_bytes: int = RESPONSES_BYTES):
+        if capacity < 1 or max_bytes < 1:
+            raise ValueError(f"a response store holds at least one response and one byte, got {capacity} and "
+                             f"{max_bytes}")
+        self.capacity, self.max_bytes = capacity, max_bytes
+        self.nbytes = 0  # every kept response's (its response and input items as JSON; its output is in both)
         self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._items: dict[str, tuple[str, dict]] = {}  # item id -> (the response keeping it, the item)
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def put(self, response_id: str, kept: Kept) -> None:
+        self.delete(response_id)
         self._kept[response_id] = kept
-        self._kept.move_to_end(response_id)
+        self._sizes[response_id] = size = size_of(kept.response) + size_of(kept.input_items)
+        self.nbytes += size
         for item in kept.items:
             if isinstance(item.get("id"), str):
                 self._items[item["id"]] = (response_id, item)
-        while len(self._kept) > self.capacity:
+        while (len(self._kept) > self.capacity or self.nbytes > self.max_bytes) and len(self._kept) > 1:
             self._drop(*self._kept.popitem(last=False))
 
     def get(self, response_id: str) -> Kept | None:
@@ -74,6 +86,7 @@ class ResponseStore:
         return None if found is None else found[1]
 
     def _drop(self, response_id: str, kept: Kept) -> None:
+        self.nbytes -= self._sizes.pop(response_id)
         for item in kept.items:
             item_id = item.get("id")
             if isinstance(item_id, str) and self._items.get(item_id, ("",))[0] == response_id:  # not kept again later

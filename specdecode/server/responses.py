@@ -117,7 +117,7 @@ class ResponsesRequest(AsChat):
     text: TextConfig | None = None
     stream: bool | None = False
     store: bool | None = None  # keep the response (None: true, as in OpenAI's API) where the server keeps responses
-    metadata: dict[str, str] | None = None  # returned with the response
+    metadata: s.Metadata | None = None  # returned with the response (OpenAI's bounds: 16 pairs of 64 / 512 characters)
     previous_response_id: str | None = None  # the kept response this request continues
     # the output text's logprobs: with LOGPROBS_INCLUDE in include, or top_logprobs > 0 (its top-N alternatives)
     include: list[str] | None = None

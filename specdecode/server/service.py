@@ -27,7 +27,7 @@ from specdecode.server.app import build_service as assemble
 from specdecode.server.conversation_store import CONVERSATION_BYTES
 from specdecode.server.file_store import FILES_BYTES
 from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
-from specdecode.server.response_store import RESPONSES_KEPT
+from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT
 
 K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
@@ -66,10 +66,11 @@ class ServeConfig:
     responses_kept: int = RESPONSES_KEPT  # ServerConfig.responses_kept
     files_bytes: int = FILES_BYTES  # ServerConfig.files_bytes
     conversation_bytes: int = CONVERSATION_BYTES  # ServerConfig.conversation_bytes
+    responses_bytes: int = RESPONSES_BYTES  # ServerConfig.responses_bytes
 
     def __post_init__(self) -> None:
         for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1), ("responses_kept", 0),
-                          ("files_bytes", 0), ("conversation_bytes", 0)):
+                          ("files_bytes", 0), ("conversation_bytes", 0), ("responses_bytes", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise OptionError(f"{{{name}}} must be >= {low}, got {value!r}", name)
@@ -128,7 +129,8 @@ def _build_service(config: ServeConfig) -> Service:
                           config.default_max_tokens, api_key=config.api_key,
                           kv_cache_bytes=config.kv_cache_bytes or default_kv_memory(config.model.device),
                           allowed_hosts=config.allowed_hosts, responses_kept=config.responses_kept,
-                          files_bytes=config.files_bytes, conversation_bytes=config.conversation_bytes)
+                          files_bytes=config.files_bytes, conversation_bytes=config.conversation_bytes,
+                          responses_bytes=config.responses_bytes)
     service = assemble(target, drafters, next(iter(drafters)), limits, config.spec, _policy(config, target))
     if fast.enabled:
         service.scheduler.engine.warmup()

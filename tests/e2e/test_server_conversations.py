@@ -143,6 +143,29 @@ def test_conversations_are_bounded_by_bytes(target):
         assert httpx.get(f"{url}/{kept}", timeout=30).status_code == 200  # a refused create drops nothing
 
 
+def test_a_response_cannot_take_its_conversation_past_the_store(target):
+    """A Responses request's input joins the conversation it names when it finishes, and the model reads none of an
+    item's unknown fields, so the context does not bound them: input that would take the conversation past the
+    store is a 413 before anything runs, and the conversation is left as it was."""
+    budget = 3000
+    with serving(tiny_service(target, conversation_bytes=budget)) as running:
+        made = httpx.post(running.url + "/v1/conversations", json={"items": [_text_item("a " * 300)]}, timeout=30)
+        conversation = made.json()["id"]
+        padded = {**_text_item("hi"), "unread": "x" * 2600}
+        over = httpx.post(running.url + "/v1/responses", json={
+            "model": MODEL, "input": [padded], "max_output_tokens": 2, "conversation": conversation}, timeout=30)
+        error = over.json()["error"]
+        assert over.status_code == 413 and error["param"] == "input" and error["code"] == "conversation_too_large"
+        listed = httpx.get(f"{running.url}/v1/conversations/{conversation}/items", timeout=30).json()["data"]
+        assert [item["content"] for item in listed] == ["a " * 300]
+        fits = httpx.post(running.url + "/v1/responses", json={"model": MODEL, "input": [_text_item("hi")],
+                                                               "max_output_tokens": 2, "conversation": conversation},
+                          timeout=30)
+        assert fits.status_code == 200, fits.text
+        listed = httpx.get(f"{running.url}/v1/conversations/{conversation}/items", timeout=30).json()["data"]
+        assert len(listed) == 3  # its input and output joined
+
+
 @pytest.mark.parametrize("path", ["/v1/conversations", "/v1/conversations/{id}/items"])
 def test_at_most_20_items_a_request(server, path):
     """OpenAI's limit: items are added up to 20 at a time."""

@@ -295,6 +295,36 @@ def test_the_store_keeps_the_last_responses_and_a_chain_missing_a_link_is_not_co
     assert store.delete("e") and store.item("msg_e") is None  # an item goes with its response
 
 
+def test_the_store_is_bounded_by_bytes():
+    """Kept input items hold every field they were sent with, read by the model or not: the bytes, not the count,
+    bound the store. The least recently used go for room; the newest is kept whatever its size."""
+    store = ResponseStore(100, max_bytes=3000)
+    for name in "abc":
+        store.put(name, Kept({"id": name, "output": []}, ({"role": "user", "content": name * 1000},), None, 1))
+    assert store.get("a") is None and store.get("b") is not None and store.nbytes <= 3000
+    store.put("d", Kept({"id": "d", "output": []}, ({"role": "user", "content": "d" * 5000},), "c", 1))
+    assert len(store) == 1 and store.get("d") is not None and store.conversation("d") is None
+    assert store.delete("d") and store.nbytes == 0
+
+
+def test_kept_responses_are_bounded_by_bytes_and_metadata_as_openai_bounds_it(target):
+    with serving(tiny_service(target, responses_bytes=20_000)) as running:
+        url = running.url + "/v1/responses"
+        ids = []
+        for _ in range(3):
+            padded = {"role": "user", "content": ASK, "unread": "x" * 8000}
+            reply = httpx.post(url, json={"model": MODEL, "input": [padded], "max_output_tokens": 2}, timeout=30)
+            assert reply.status_code == 200 and reply.json()["store"] is True, reply.text
+            ids.append(reply.json()["id"])
+        assert httpx.get(f"{url}/{ids[0]}", timeout=30).status_code == 404  # dropped for room
+        assert httpx.get(f"{url}/{ids[2]}", timeout=30).status_code == 200
+        follow = httpx.post(url, json={"model": MODEL, "input": ASK, "previous_response_id": ids[0]}, timeout=30)
+        assert follow.status_code == 400 and "within 20000 bytes" in follow.json()["error"]["message"]
+        for metadata in ({"k": "v" * 513}, {f"k{i}": "v" for i in range(17)}):
+            reply = httpx.post(url, json={"model": MODEL, "input": ASK, "metadata": metadata}, timeout=30)
+            assert reply.status_code == 400 and reply.json()["error"]["param"] == "metadata", reply.text
+
+
 def test_a_server_that_keeps_none_answers_store_false_and_refuses_a_follow_up(target):
     with serving(tiny_service(target, responses_kept=0)) as running:
         reply = httpx.post(running.url + "/v1/responses", json={"model": MODEL, "input": ASK, "max_output_tokens": 2})

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from specdecode.cli.main import build_parser, main
-from specdecode.cli.serve import replica_flags, responses_kept
-from specdecode.server.response_store import RESPONSES_KEPT
+from specdecode.cli.serve import replica_flags, responses_bytes, responses_kept
+from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -26,6 +26,7 @@ from specdecode.server.response_store import RESPONSES_KEPT
     (["serve", "--replicas", "2", "--allow-drafters", "nope"], "unknown drafter 'nope'"),
     (["serve", "--replicas", "2", "--responses-store", "8"], "--responses-store needs a single server"),
     (["serve", "--responses-store", "-1"], "--responses-store must be >= 0, got -1"),
+    (["serve", "--replicas", "2", "--responses-store-bytes", "1MiB"], "--responses-store-bytes needs a single server"),
 ])
 def test_bad_replica_flags_exit_2_with_one_line(capsys, argv, message):
     assert main(argv) == 2
@@ -52,6 +53,9 @@ def test_replicas_keep_no_responses_unless_none_asked_for():
     assert responses_kept(parse(["serve", "--responses-store", "3"])) == 3
     assert responses_kept(parse(["serve", "--replicas", "2"])) == 0
     assert responses_kept(parse(["serve", "--replicas", "2", "--responses-store", "0"])) == 0
+    assert responses_bytes(parse(["serve"])) == RESPONSES_BYTES
+    assert responses_bytes(parse(["serve", "--responses-store-bytes", "1MiB"])) == 1 << 20
+    assert responses_bytes(parse(["serve", "--replicas", "2"])) == 0
 
 
 def test_the_plain_server_does_not_import_ray(tiny_model_dir):
