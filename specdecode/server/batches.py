@@ -16,6 +16,16 @@ request_counts grow as requests finish. Its results are written when it ends, in
 output file, the others (refused, a bug's 500, never sent) to its error file, so every line of the input is in one
 of them.
 
+While it runs, a batch holds each result as its line of JSON and holds that much room in the file store, which its
+output files will take (FileStore.reserve). Answers are far larger than the requests that ask for them (a line of
+200 bytes may ask for 20 logprobs of every token), so the results, not the input, bound a batch's memory. Held as
+parsed replies until the batch ended, and never refused, 2,000 answers of 100 KB (from a stub app) grew the process
+by 517 MiB at its peak with a 1 MiB store, which then held 191 MiB; now 4 MiB (the batch stops after 7 answers), and
+353 MiB with a 256 MiB store that takes them all (the results and their file side by side while it is written).
+A batch whose results would pass the room stops there (`failed`, its errors naming the store): what
+was answered is written, and each line left is an error line (`batch_output_too_large`), as when a batch is
+cancelled.
+
 Cancelling a batch cancels its requests in flight and sends no more; what was answered is written, and each line
 not answered is an error line (`batch_cancelled`). A batch not done within its completion window (24 h) ends the same
 way (`batch_expired`). The server keeps the last `kept` batches (the oldest finished one is dropped first, with its
@@ -195,55 +205,72 @@ class Batches:
         if self._gate is None:
             self._gate = asyncio.Semaphore(self.concurrency)
         gate = self._gate
-        results: list[dict | None] = [None] * len(lines)  # by line: its result, None while it has none
+        results: list[bytes | None] = [None] * len(lines)  # by line: its result as a JSONL line, None while none
+        answered = bytearray(len(lines))  # by line: 1 where its result is a 200 (the output file's)
         failed: set[int] = set()  # lines whose request raised (a bug: logged)
         pending = iter(range(len(lines)))  # shared by the workers: each takes the next line
+        full = asyncio.Event()  # a result would have passed the file store's room
+        held = 0  # bytes of results, held aside in the file store
 
-        async def work() -> None:
+        async def work(grow: Callable[[int], bool]) -> None:
+            nonlocal held
             for index in pending:
                 request = lines.request(index)
                 try:
-                    results[index] = line = await answer(client, gate, request)
+                    line = await answer(client, gate, request)
                 except Exception:
                     log.exception("batch request %r was not answered", request.custom_id)
                     failed.add(index)
                     continue
-                if _answered(line):
+                data = _jsonl([line])
+                if not grow(held + len(data)):
+                    full.set()
+                    return
+                held += len(data)
+                results[index], answered[index] = data, _answered(line)
+                if answered[index]:
                     job.completed += 1
                 else:
                     job.failed += 1
 
-        async with app_client(app, self.api_key, self.host) as client:
-            workers = [asyncio.create_task(work()) for _ in range(min(self.concurrency, len(lines)))]
-            every = asyncio.ensure_future(asyncio.gather(*workers, return_exceptions=True))
-            stopped = asyncio.ensure_future(job.stop.wait())
-            await asyncio.wait([every, stopped], timeout=max(0.0, job.began + WINDOW_S - time.monotonic()),
-                               return_when=asyncio.FIRST_COMPLETED)
-            ending = "completed" if every.done() else "cancelled" if job.stop.is_set() else "expired"
-            stopped.cancel()
-            for worker in workers:
-                worker.cancel()
-            await every
-        job.reach("finalizing")
-        answered, others = await asyncio.to_thread(_sorted_results, lines, results, failed, ending)
-        job.completed, job.failed = len(answered), len(others)
-        for kind, chosen in (("output", answered), ("error", others)):
-            if chosen:  # written in a thread of its own, as the file was read
-                data = await asyncio.to_thread(_jsonl, chosen)
+        with self.files.reserve(0) as grow:
+            async with app_client(app, self.api_key, self.host) as client:
+                workers = [asyncio.create_task(work(grow)) for _ in range(min(self.concurrency, len(lines)))]
+                every = asyncio.ensure_future(asyncio.gather(*workers, return_exceptions=True))
+                stops = [asyncio.ensure_future(job.stop.wait()), asyncio.ensure_future(full.wait())]
+                await asyncio.wait([every, *stops], timeout=max(0.0, job.began + WINDOW_S - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                ending = "failed" if full.is_set() else "completed" if every.done() else \
+                    "cancelled" if job.stop.is_set() else "expired"
+                for waiting in (*stops, *workers):
+                    waiting.cancel()
+                await every
+            job.reach("finalizing")
+            # written in a thread of their own, as the file was read
+            output, others = await asyncio.to_thread(_sorted_results, lines, results, answered, failed, ending)
+        # the room held for the results is the files' now
+        job.completed, job.failed = output.count(b"\n"), others.count(b"\n")
+        for kind, data in (("output", output), ("error", others)):
+            if data:
                 setattr(job, f"{kind}_file_id", self.files.add(f"{job.id}_{kind}.jsonl", OUTPUT_PURPOSE, data).id)
+        if full.is_set():
+            job.errors = [{"code": "batch_output_too_large", "message": f"the batch's results passed the room "
+                           f"left in the file store ({self.files.capacity} bytes, serve --files-store): it stopped "
+                           "there, and its error file holds the lines it did not answer", "param": None,
+                           "line": None}]
         job.reach(ending)
 
 
-def _sorted_results(lines: BatchLines, results: list[dict | None], failed: set[int],
-                    ending: str) -> tuple[list[dict], list[dict]]:
-    """(the output file's lines, the error file's), in the input's order: every line's answer, or why it has none."""
-    answered, others = [], []
-    for index, line in enumerate(results):
-        if line is None:
+def _sorted_results(lines: BatchLines, results: list[bytes | None], answered: bytearray, failed: set[int],
+                    ending: str) -> tuple[bytes, bytes]:
+    """(the output file, the error file), in the input's order: every line's answer, or why it has none."""
+    output, others = [], []
+    for index, data in enumerate(results):
+        if data is None:
             code, message = _NOT_SENT["completed" if index in failed else ending]()
-            line = error_line(lines.request(index).custom_id, code, message)
-        (answered if _answered(line) else others).append(line)
-    return answered, others
+            data = _jsonl([error_line(lines.request(index).custom_id, code, message)])
+        (output if answered[index] else others).append(data)
+    return b"".join(output), b"".join(others)
 
 
 def _check(body: BatchCreate) -> None:
@@ -296,4 +323,6 @@ _NOT_SENT: dict[str, Callable[[], tuple[str, str]]] = {
     "cancelled": lambda: ("batch_cancelled", "the batch was cancelled before this request was answered"),
     "expired": lambda: ("batch_expired", f"the batch's {WINDOW} window ended before this request was answered"),
     "completed": lambda: ("internal_error", "the request was not answered (the server logged why)"),
+    "failed": lambda: ("batch_output_too_large", "the batch stopped before this request was answered: its results "
+                                                 "passed the room in the file store (serve --files-store)"),
 }

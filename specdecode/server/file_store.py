@@ -8,8 +8,9 @@ would pass the room (it had held the whole room, so one slow chunked upload refu
 read side by side each had the whole room, and all
 were read and parsed before all but one were refused: eight clients uploading 60 MB at once to a 64 MiB store
 raised the server's RSS by 1,004 MiB at its peak (194 MiB with the room held aside; `specdecode serve`, the
-default model). A batch's own output is never refused (a finished batch must not lose its results): it counts
-toward the capacity, and later uploads wait for room, which deleting files makes. Nothing is dropped to make
+default model). A running batch holds room for its results as they arrive, and stops where they would pass it
+(batches.py); its files then take that room (its error lines, never refused, beside it: a finished batch must not
+lose what it answered), and later uploads wait for room, which deleting files makes. Nothing is dropped to make
 room, and nothing outlives the process.
 """
 from __future__ import annotations

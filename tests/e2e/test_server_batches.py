@@ -232,7 +232,7 @@ def _run(files: FileStore, batches: Batches, app: FastAPI, count: int, until) ->
         job = await batches.create(BatchCreate(input_file_id=held.id, endpoint="/v1/chat/completions",
                                                completion_window="24h"), app)
         await until(job)
-        while job.status not in ("completed", "expired", "cancelled"):
+        while job.status not in ("completed", "expired", "cancelled", "failed"):
             await asyncio.sleep(0.01)
         return job.card()
     return asyncio.run(go())
@@ -274,6 +274,27 @@ def test_shutting_down_cancels_a_running_batch_and_keeps_what_it_answered():
     assert card["status"] == "cancelled"
     answered, errors = _lines_of(files, card["output_file_id"]), _lines_of(files, card["error_file_id"])
     assert answered and errors and len(answered) + len(errors) == 20
+
+
+def test_a_batch_holds_room_for_its_results_and_stops_where_they_would_pass_the_store():
+    """Answers can be far larger than their requests: a running batch holds its results' bytes in the file store,
+    and one whose results would pass the room stops there, with an error line for each line left (before, the
+    results were held, and written past the store's capacity, however large)."""
+    app, rooms = FastAPI(), []
+
+    @app.post("/v1/chat/completions")
+    async def answer() -> dict:
+        rooms.append(files.room())
+        return {"content": "x" * 1000}
+    files = FileStore(8000)
+    card = _run(files, Batches(files, concurrency=1, api_key=None), app, 20, lambda job: asyncio.sleep(0))
+    assert card["status"] == "failed" and card["errors"]["data"][0]["code"] == "batch_output_too_large"
+    answered, errors = _lines_of(files, card["output_file_id"]), _lines_of(files, card["error_file_id"])
+    assert 3 <= len(answered) <= 6 and len(answered) + len(errors) == 20, (len(answered), len(errors))
+    assert {line["error"]["code"] for line in errors} == {"batch_output_too_large"}
+    assert card["request_counts"] == {"total": 20, "completed": len(answered), "failed": len(errors)}
+    assert rooms[-1] <= rooms[0] - 1000 * (len(rooms) - 1)  # each answer held its room while the batch ran
+    assert files.reserved == 0  # and gave it to the files
 
 
 def test_an_upload_being_read_holds_its_room(target):
