@@ -306,8 +306,14 @@ def _path(parents: list[int], node: int) -> list[int]:
 
 
 def _why(error: object) -> str:
-    """The grammar engine's error as one line."""
-    return first_line(error, "unknown error")
+    """The grammar engine's error as one line: its first, and where that ends in a colon (a regex's "regex parse
+    error:", whose lines below draw the place), the line that says what is wrong ("error: unclosed group")."""
+    line = first_line(error, "unknown error")
+    if line.endswith(":"):
+        detail = next((rest.strip().removeprefix("error:").strip() for rest in str(error).splitlines()[1:]
+                       if rest.strip().startswith("error:")), "")
+        line = f"{line} {detail}" if detail else line.removesuffix(":")
+    return line
 
 
 # the grammar engine's limits (llguidance's ParserLimits), as its errors name them -> what they mean for a request
