@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import functools
 import ipaddress
+import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,11 +150,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     scaling = replica_flags(args)  # checked before the model loads (and before Ray starts)
     connection_limits(args)  # its errors before the model loads
     config = serve_config(args, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
+    listener = listening_socket(args.host, args.port)  # a host or port it cannot have: exit 2 before loading
     if scaling is not None:
+        listener.close()  # Serve's proxy binds its own
         return _serve_replicas(args, config, scaling)
-    service = build_service(config)
-    uvicorn.run(create_app(service), **uvicorn_settings(args, service.metrics.count_rejected))
+    with listener:
+        service = build_service(config)
+        server = uvicorn.Server(uvicorn.Config(create_app(service), **uvicorn_settings(args,
+                                                                                     service.metrics.count_rejected)))
+        host, port = listener.getsockname()[:2]
+        logging.getLogger("uvicorn.error").info("Serving on http://%s:%d (Press CTRL+C to quit)",
+                                                f"[{host}]" if ":" in host else host, port)
+        server.run(sockets=[listener])
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound (as uvicorn binds one) before the model loads: a host that does not resolve or a
+    port in use is one line and exit 2 at once, where uvicorn said so after the load (exit code 3), and a second
+    server on the port fails before it loads. Connections are refused until the server listens."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ConfigError(f"cannot serve on {host}:{port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 (tiny model saved to a directory, so the real loading path runs)."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from specdecode.cli.main import main
@@ -18,6 +20,25 @@ def test_bad_flags_exit_2_with_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_port_in_use_or_a_host_that_does_not_resolve_exit_2_before_the_model_loads(capsys, monkeypatch,
+                                                                                    tiny_model_dir):
+    """uvicorn found these after the model had loaded (tens of seconds for the pair), and exited 3."""
+    import specdecode.cli.serve as serve_module
+
+    def never(config):
+        raise AssertionError("the model was loaded")
+    monkeypatch.setattr(serve_module, "build_service", never)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for argv, message in ((["--port", port], f"cannot serve on 127.0.0.1:{port}: Address already in use"),
+                              (["--host", "no-such-host.invalid"], "cannot serve on no-such-host.invalid:8000")):
+            assert main(["serve", "--model", tiny_model_dir, *argv]) == 2
+            err = capsys.readouterr().err.strip()
+            assert message in err and "\n" not in err, err
 
 
 def test_bench_serve_prints_a_table(capsys, tiny_model_dir, tmp_path):
