@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from specdecode.cli import serve as serve_module
 from specdecode.cli.main import main
 
 
@@ -25,8 +26,6 @@ def test_bad_flags_exit_2_with_one_line(capsys, argv, message):
 def test_a_port_in_use_or_a_host_that_does_not_resolve_exit_2_before_the_model_loads(capsys, monkeypatch,
                                                                                     tiny_model_dir):
     """uvicorn found these after the model had loaded (tens of seconds for the pair), and exited 3."""
-    import specdecode.cli.serve as serve_module
-
     def never(config):
         raise AssertionError("the model was loaded")
     monkeypatch.setattr(serve_module, "build_service", never)
