@@ -275,14 +275,17 @@ def test_serve_passes_the_key_and_connection_limits(monkeypatch, argv, env, key)
     monkeypatch.setattr("specdecode.cli.serve.build_service",
                         lambda config: seen.update(api_key=config.api_key) or service)
     monkeypatch.setattr("specdecode.cli.serve.create_app", lambda service: "app")
-    monkeypatch.setattr("uvicorn.run", lambda app, **settings: seen.update(settings))
+    monkeypatch.setattr("uvicorn.Config", lambda app, **settings: seen.update(settings))
+    monkeypatch.setattr("uvicorn.Server", lambda config: types.SimpleNamespace(run=lambda sockets: seen.update(
+        sockets=sockets)))
     if env is None:
         monkeypatch.delenv("SPECDECODE_API_KEY", raising=False)
     else:
         monkeypatch.setenv("SPECDECODE_API_KEY", env)
     assert main(["serve", "--max-connections", "7", "--max-connections-per-client", "2", "--head-timeout", "4.5",
-                 "--timeout-keep-alive", "3", *argv]) == 0
+                 "--timeout-keep-alive", "3", "--port", "0", *argv]) == 0
     assert seen["api_key"] == key
+    assert len(seen["sockets"]) == 1 and seen["sockets"][0].fileno() == -1  # bound before loading, closed after
     assert seen["timeout_keep_alive"] == 3 and seen["limit_concurrency"] is None  # the protocol's cap replaces it
     assert issubclass(seen["http"], GuardedH11Protocol)
     assert seen["http"].limits == ConnectionLimits(7, 2, 4.5, 16 << 10)
