@@ -40,9 +40,10 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.request_router import RequestRouter
 
-from specdecode.server.app import ServerConfig, Service, create_app
+from specdecode.server.app import create_app
 from specdecode.server.bodies import read_body
 from specdecode.server.errors import APIError
+from specdecode.server.service import ServerConfig, Service
 
 log = logging.getLogger(__name__)
 

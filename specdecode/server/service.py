@@ -1,12 +1,15 @@
 """What `specdecode serve` builds, as one frozen value (ServeConfig), and building it: the model, the drafters a
 request may choose, the per-step draft-length policy and the limits, ready for the app (app.py) or for each Ray
-Serve replica (replicas.py), which builds the same value inside the replica."""
+Serve replica (replicas.py), which builds the same value inside the replica. What is built is a Service, the state
+the handlers share (ServerConfig: the server's limits), assembled from a loaded model and its drafters (assemble)."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import sys
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -15,19 +18,25 @@ from specdecode.backends.cpu import native
 from specdecode.backends.cpu.own_thread import run_in_own_thread
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Drafter
+from specdecode.core.engine import Engine
+from specdecode.core.infill import FimFormat, fim_format
 from specdecode.core.pass_costs import time_passes
 from specdecode.core.target import Target
-from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read, registry
+from specdecode.drafters import AUTO, best_drafter_name, build_drafter, check_options_read, registry, suffix_of
+from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError, OptionError
 from specdecode.loading.load import check_kv_half, load_model
 from specdecode.paths import cache_root
 from specdecode.server import cost_store
-from specdecode.server.app import ServerConfig, Service
-from specdecode.server.app import build_service as assemble
-from specdecode.server.conversation_store import CONVERSATION_BYTES
-from specdecode.server.file_store import FILES_BYTES
+from specdecode.server.batches import Batches
+from specdecode.server.conversation_store import CONVERSATION_BYTES, ConversationStore
+from specdecode.server.file_store import FILES_BYTES, FileStore
+from specdecode.server.metrics import ServerMetrics
 from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
-from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT
+from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT, ResponseStore
+from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduler import NO_SPECULATION, Scheduler, SchedulerConfig
+from specdecode.server.tools import ToolFormat, tool_format
 
 K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen
@@ -36,6 +45,98 @@ QUICK_QS, QUICK_ROUNDS = (1, 2, 3, 5, 9), 3
 CONTEXT = 256  # cached tokens per row while the passes are timed
 SAY_AFTER_S = 2.0  # ... said on stderr when it took this long (a tiny model's 0.2 s is not worth a line)
 AUTO_KV_SHARE = 0.4  # kv_cache_bytes' default: this share of the machine's RAM (or free GPU memory)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    max_batch: int = 8
+    max_queue: int = 64
+    default_max_tokens: int = 256
+    max_body_bytes: int = 8 << 20  # a larger request body is a 413 before it is read whole
+    body_timeout_s: float = 30.0  # a body that has not arrived whole by then is a 408 (a slow sender holds no task)
+    # when set, /v1/* and the API's description (/openapi.json, /docs, /redoc) need `Authorization: Bearer
+    # <api_key>`; /health and /metrics stay open
+    api_key: str | None = None
+    # KV memory requests may reserve: a request that does not fit now waits in the queue, one that never can is a 413
+    kv_cache_bytes: int | None = None
+    prefill_chunk: int = 256  # most prompt tokens prefilled per step (scheduler.py: chunked prefill)
+    stall_s: float = 30.0  # /health answers 503 when a scheduler round has run longer than this
+    # the Host header names one of these (port aside), else 400: a server on loopback refuses pages that reach it
+    # through DNS rebinding (a name of theirs resolving to 127.0.0.1); None: any host
+    allowed_hosts: tuple[str, ...] | None = None
+    # Responses API responses kept for `previous_response_id` and GET /v1/responses/{id} (0: none kept; see
+    # response_store.py)
+    responses_kept: int = RESPONSES_KEPT
+    # bytes of files the Files API holds (uploads, and the batches' output); 0: no Files or Batches API
+    files_bytes: int = FILES_BYTES
+    # bytes of conversation items and metadata kept, as JSON (conversation_store.py); 0 (or responses_kept 0): none
+    conversation_bytes: int = CONVERSATION_BYTES
+    # bytes of kept responses, as JSON (response_store.py); 0: none kept
+    responses_bytes: int = RESPONSES_BYTES
+
+
+@dataclass
+class Service:
+    """What the handlers share: read-only model facts, the scheduler, and the tokenizer (behind a lock, since
+    the scheduler thread detokenises with it)."""
+
+    config: ServerConfig
+    target: Target
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    tokenizer_lock: threading.Lock
+    created: int
+    tool_format: ToolFormat | None  # how the chat template's model calls tools; None: it serves no tools
+    added_tokens: frozenset[str]  # the tokenizer's added tokens (a tool-call marker may be one)
+    fim: FimFormat | None  # the tokenizer's fill-in-the-middle markers; None: completions' suffix is a 400
+    responses: ResponseStore | None = None  # kept Responses API responses; None: none are kept
+    files: FileStore | None = None  # the Files API's files; None: no Files or Batches API
+    batches: Batches | None = None  # the Batches API's batches (with files)
+    conversations: ConversationStore | None = None  # the Conversations API's (kept as responses are)
+
+    @property
+    def drafters(self) -> list[str]:
+        return list(self.scheduler.router.drafters)
+
+
+def assemble(target: Target, drafters: Mapping[str, Drafter], default_drafter: str, config: ServerConfig,
+             spec: SpecConfig | None = None, policy: SpecPolicy | None = None) -> Service:
+    """The Service over a loaded target and its drafters (the default one named): engine, scheduler, stores."""
+    if target.tokenizer is None:
+        raise ConfigError("the server needs a model with a tokenizer")
+    router = RoutingDrafter({NO_SPECULATION: NoDrafter(), **drafters}, default_drafter)
+    # the scheduler's per-step policy owns K here (it also switches speculation off when it does not pay)
+    spec = dataclasses.replace(spec or SpecConfig(), pause_below=0.0, pause_on_time=False)
+    engine = Engine(target, router, spec, max_batch=config.max_batch)
+    metrics = ServerMetrics()
+    if target.device.type == "cpu":
+        metrics.watch_row_cost(target.row_costs.peek)
+    stores = {name: suffix_of(drafter) for name, drafter in drafters.items()}  # their size and hits on /metrics
+    metrics.watch_stores({name: store.stats for name, store in stores.items() if store is not None})
+    scheduling = SchedulerConfig(config.max_batch, config.max_queue, kv_cache_bytes=config.kv_cache_bytes,
+                                 prefill_chunk=config.prefill_chunk, stall_s=config.stall_s)
+    scheduler = Scheduler(engine, router, scheduling, metrics, policy)
+    added = getattr(target.tokenizer, "get_added_vocab", dict)()
+    kept = (ResponseStore(config.responses_kept, config.responses_bytes)
+            if config.responses_kept > 0 and config.responses_bytes > 0 else None)
+    conversations = (ConversationStore(config.responses_kept, config.conversation_bytes)
+                     if config.responses_kept > 0 and config.conversation_bytes > 0 else None)
+    files = FileStore(config.files_bytes) if config.files_bytes > 0 else None
+    # a batch keeps at most half of the rows busy, so interactive requests keep the other half
+    batches = None if files is None else Batches(files, max(1, config.max_batch // 2), config.api_key,
+                                                  _own_host(config.allowed_hosts))
+    return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
+                   tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept, files, batches,
+                   conversations)
+
+
+def _own_host(allowed: tuple[str, ...] | None) -> str:
+    """A Host header the app answers (app.py, _HostCheck), for the requests it sends itself (a batch's)."""
+    if allowed is None or "*" in allowed or "127.0.0.1" in allowed:
+        return "127.0.0.1"
+    name = allowed[0]
+    return f"[{name}]" if ":" in name else name
 
 
 @dataclass(frozen=True)

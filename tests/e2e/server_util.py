@@ -14,10 +14,11 @@ from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, S
 from specdecode.core.engine import Engine, Result
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
-from specdecode.server.app import ServerConfig, Service, build_service, create_app
+from specdecode.server.app import create_app
 from specdecode.server.background import BackgroundServer
 from specdecode.server.connections import ConnectionLimits
 from specdecode.server.policy import SpecPolicy
+from specdecode.server.service import ServerConfig, Service, assemble
 
 MODEL = "tiny"
 SPEC = SpecConfig(k=4)
@@ -54,7 +55,7 @@ def tiny_service(target: Target, drafters: dict | None = None, default: str = "p
         drafters = {name: build_drafter(target, DrafterConfig(name=name), SPEC)
                     for name in ("prompt-lookup", "layer-skip")}
     config = ServerConfig(MODEL, max_batch, max_queue, 64, **options)
-    return build_service(target, drafters, default, config, SPEC, policy)
+    return assemble(target, drafters, default, config, SPEC, policy)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import pytest
 
 from specdecode.config import DrafterConfig
 from specdecode.drafters import build_drafter
-from specdecode.server.app import ServerConfig, build_service
+from specdecode.server.service import ServerConfig, assemble
 from tests.e2e.server_util import SPEC, serving, tiny_service
 from tests.fakes import FIXED_ROW_COST
 
@@ -76,7 +76,7 @@ def browser():
 def default_server(default_target):
     """Prompt lookup planning with a fixed row cost (a busy machine's timings must not decide whether it drafts)."""
     drafter = build_drafter(default_target, DrafterConfig("prompt-lookup", row_cost=FIXED_ROW_COST), SPEC)
-    service = build_service(default_target, {"prompt-lookup": drafter}, "prompt-lookup",
+    service = assemble(default_target, {"prompt-lookup": drafter}, "prompt-lookup",
                             ServerConfig("smollm2", max_batch=2), SPEC)
     with serving(service) as running:
         yield running

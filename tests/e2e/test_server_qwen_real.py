@@ -20,7 +20,7 @@ from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.loading.packages import PACKAGED
 from specdecode.server import schemas as s
-from specdecode.server.app import ServerConfig, build_service
+from specdecode.server.service import ServerConfig, assemble
 from specdecode.server.tools import HERMES, Reading, forced_calls, read_calls
 from tests.e2e.server_util import SPEC, serving
 
@@ -53,7 +53,7 @@ def target() -> Target:
 @pytest.fixture(scope="module")
 def client(target):
     drafters = {"prompt-lookup": build_drafter(target, DrafterConfig(name="prompt-lookup"), SPEC)}
-    with serving(build_service(target, drafters, "prompt-lookup", ServerConfig("qwen"), SPEC)) as server:
+    with serving(assemble(target, drafters, "prompt-lookup", ServerConfig("qwen"), SPEC)) as server:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 

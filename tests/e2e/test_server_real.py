@@ -10,8 +10,8 @@ import pytest
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, Structure
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
-from specdecode.server.app import ServerConfig, build_service
 from specdecode.server.policy import SpecPolicy, builtin_table
+from specdecode.server.service import ServerConfig, assemble
 from tests.e2e.server_util import SPEC, chat_ids, reference, serving
 
 QUESTIONS = ["List the days of the week, separated by commas.",
@@ -23,7 +23,7 @@ MAX_TOKENS = 24
 def test_default_model_concurrent_chat(default_target):
     expected = [reference(default_target, chat_ids(default_target.tokenizer, q), MAX_TOKENS).text for q in QUESTIONS]
     drafters = {"prompt-lookup": build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC)}
-    service = build_service(default_target, drafters, "prompt-lookup", ServerConfig("smollm2", max_batch=4), SPEC,
+    service = assemble(default_target, drafters, "prompt-lookup", ServerConfig("smollm2", max_batch=4), SPEC,
                             SpecPolicy(builtin_table(default_target.packed_decoder), max_k=SPEC.k))
     with serving(service) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
@@ -51,7 +51,7 @@ def test_default_model_refuses_text_its_tokenizer_cannot_produce(default_target)
     choice of one is a 400 naming it (it was a 500: the grammar engine forced wrong tokens); an emoji (0xF0) and
     text in the basic plane are generated as plain constrained decoding generates them."""
     drafters = {"prompt-lookup": build_drafter(default_target, DrafterConfig(name="prompt-lookup"), SPEC)}
-    service = build_service(default_target, drafters, "prompt-lookup", ServerConfig("smollm2"), SPEC)
+    service = assemble(default_target, drafters, "prompt-lookup", ServerConfig("smollm2"), SPEC)
     with serving(service) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
         with pytest.raises(openai.BadRequestError) as refused:
