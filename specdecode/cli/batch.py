@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -27,10 +29,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     source = Path(args.input)
     if not source.is_file():
         raise ConfigError(f"--input {args.input!r} is not a file")
-    if args.output != "-" and not Path(args.output).parent.is_dir():
-        raise ConfigError(f"--output {args.output!r}: its folder does not exist")
-    if args.output != "-" and Path(args.output).exists() and Path(args.output).samefile(source):
-        raise ConfigError(f"--output {args.output!r} is the --input file (its lines are read again as they are sent)")
+    _check_output(args.output, source)
     with open(source, "rb") as handle:
         try:
             lines = index_lines(handle, FileBytes(handle.fileno()))
@@ -44,23 +43,50 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if done < len(lines):
             # no kept responses: a line cannot name another's response, whose id it cannot know; no files API either
             service = build_service(dataclasses.replace(serve_config(args), responses_kept=0, files_bytes=0))
-            out = sys.stdout if args.output == "-" else open(args.output, "a" if done else "w",  # noqa: SIM115
-                                                              encoding="utf-8")
+            try:
+                out = sys.stdout if args.output == "-" else open(args.output, "a" if done else "w",  # noqa: SIM115
+                                                                  encoding="utf-8")
+            except OSError as error:
+                raise ConfigError(f"--output {args.output!r} cannot be written: {error.strerror or error}") from None
             try:
                 async def write_all() -> None:
-                    async for line in run_batch(service, lines, concurrency=args.max_batch, first=done):
-                        status = line["response"]["status_code"] if line["response"] else None
-                        counts["ok" if status == 200 else "failed"] += 1
-                        out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-                        out.flush()
+                    async with contextlib.aclosing(run_batch(service, lines, concurrency=args.max_batch,
+                                                             first=done)) as results:
+                        async for line in results:
+                            status = line["response"]["status_code"] if line["response"] else None
+                            counts["ok" if status == 200 else "failed"] += 1
+                            try:
+                                out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+                                out.flush()
+                            except OSError as error:  # a full disk, say: what is written stands
+                                raise ConfigError(f"--output {args.output!r}: writing failed "
+                                                  f"({error.strerror or error}); its whole lines stand, and --resume "
+                                                  "continues after them") from None
                 asyncio.run(write_all())
             finally:
                 if out is not sys.stdout:
-                    out.close()
+                    with contextlib.suppress(OSError):  # (what was not written was said above)
+                        out.close()
     resumed = f", {done} already in {args.output}" if args.resume else ""
     print(f"batch: {len(lines)} requests{resumed}, {counts['ok']} answered 200, {counts['failed']} failed "
           f"({time.perf_counter() - began:.1f} s)", file=sys.stderr)
     return 0
+
+
+def _check_output(output: str, source: Path) -> None:
+    """--output is a file this run may write, and not the input: checked before the model loads (and before an
+    output a mistyped flag would not reach is truncated)."""
+    if output == "-":
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"--output {output!r} is a folder; name a file in it")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--output {output!r}: its folder does not exist")
+    if path.exists() and path.samefile(source):
+        raise ConfigError(f"--output {output!r} is the --input file (its lines are read again as they are sent)")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise ConfigError(f"--output {output!r} cannot be written (no permission)")
 
 
 def _resume(output: Path, lines: BatchLines) -> int:

@@ -126,8 +126,10 @@ def test_the_command_writes_a_line_per_request_and_bad_input_exits_2(tiny_model_
                           (["-i", str(tmp_path / "latin1.jsonl"), "-o", str(out)],
                            f"is not UTF-8 text (invalid continuation byte at byte {len(first) + 18})"),
                           (["-i", str(source), "-o", str(source)], "is the --input file"),
-                          (["-i", str(source), "-o", str(tmp_path / "no" / "out.jsonl")], "folder does not exist")):
-        assert main(["batch", "--model", tiny_model_dir, *argv]) == 2
+                          (["-i", str(source), "-o", str(tmp_path / "no" / "out.jsonl")], "folder does not exist"),
+                          (["-i", str(source), "-o", str(tmp_path)], "is a folder"),  # was a traceback
+                          (["-i", str(source), "-o", "/dev/full"], "writing failed (No space left on device)")):
+        assert main(["batch", "--model", tiny_model_dir, "--served-model-name", "m", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
 
