@@ -17,6 +17,7 @@ import uvicorn
 
 from specdecode.cli.args import add_model_args, drafter_config, model_config, spec_config
 from specdecode.cli.commands import COMMANDS
+from specdecode.core.engine import KV_SLACK
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
@@ -29,6 +30,9 @@ from specdecode.server.service import (
     RESPONSES_KEPT,
     ServeConfig,
     build_service,
+    kv_longest,
+    kv_per_token,
+    kv_summary,
 )
 
 API_KEY_ENV = "SPECDECODE_API_KEY"
@@ -156,9 +160,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _serve_replicas(args, config, scaling)
     with listener:
         service = build_service(config)
+        if (longest := kv_longest(service)) is not None and longest < 2:  # a prompt token and a new one
+            least = (2 + KV_SLACK) * kv_per_token(service)  # as Engine.kv_bytes reserves it, with a step's block
+            raise ConfigError(f"--kv-cache-memory holds no request: {service.config.kv_cache_bytes} bytes, less than "
+                              f"the {least} that the smallest request reserves")
         server = uvicorn.Server(uvicorn.Config(create_app(service), **uvicorn_settings(args,
                                                                                      service.metrics.count_rejected)))
         host, port = listener.getsockname()[:2]
+        logging.getLogger("uvicorn.error").info(kv_summary(service))
         logging.getLogger("uvicorn.error").info("Serving on http://%s:%d (Press CTRL+C to quit)",
                                                 f"[{host}]" if ":" in host else host, port)
         server.run(sockets=[listener])

@@ -18,7 +18,7 @@ from specdecode.backends.cpu import native
 from specdecode.backends.cpu.own_thread import run_in_own_thread
 from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Drafter
-from specdecode.core.engine import Engine
+from specdecode.core.engine import KV_SLACK, Engine
 from specdecode.core.infill import FimFormat, fim_format
 from specdecode.core.pass_costs import time_passes
 from specdecode.core.target import Target
@@ -129,6 +129,36 @@ def assemble(target: Target, drafters: Mapping[str, Drafter], default_drafter: s
     return Service(config, target, scheduler, metrics, engine.tokenizer_lock, int(time.time()),
                    tool_format(target.tokenizer), frozenset(added), fim_format(target.tokenizer), kept, files, batches,
                    conversations)
+
+
+def kv_per_token(service: Service) -> int:
+    """KV bytes a request reserves a token: the target's, and the default drafter's own cache (a draft model's)."""
+    router = service.scheduler.router
+    return service.target.kv_bytes_per_slot + router.drafters[router.default].kv_bytes_per_slot()
+
+
+def kv_longest(service: Service) -> int | None:
+    """The most tokens (prompt and max_tokens) one request may reserve within the KV budget (None: no budget)."""
+    budget = service.config.kv_cache_bytes
+    return None if budget is None else max(0, budget // kv_per_token(service) - KV_SLACK)  # as Engine.kv_bytes
+
+
+def kv_summary(service: Service) -> str:
+    """One line for the start-up log: what the KV budget holds, in tokens and in requests of the whole context;
+    where it cannot hold one request of the whole context, the longest it can (a longer one is a 413)."""
+    budget, longest = service.config.kv_cache_bytes, kv_longest(service)
+    if budget is None or longest is None:
+        return "KV memory: unbounded"
+    per_token = kv_per_token(service)
+    context = service.target.max_positions
+    whole = (context + KV_SLACK) * per_token
+    line = (f"KV memory: {budget / (1 << 30):.2f} GiB for requests, {budget // per_token:,} tokens at "
+            f"{per_token / 1024:.0f} KiB each; a request of the whole context ({context:,} tokens) reserves "
+            f"{whole / (1 << 20):.0f} MiB")
+    if whole <= budget:
+        return f"{line}: {budget // whole:,} at once"
+    return f"{line}, more than it holds: the longest request it holds is {longest:,} tokens (prompt and max_tokens; " \
+           "a longer one is a 413)"
 
 
 def _own_host(allowed: tuple[str, ...] | None) -> str:

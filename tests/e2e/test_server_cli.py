@@ -40,6 +40,13 @@ def test_a_port_in_use_or_a_host_that_does_not_resolve_exit_2_before_the_model_l
             assert message in err and "\n" not in err, err
 
 
+def test_a_kv_budget_that_holds_no_request_exits_2(capsys, tiny_model_dir):
+    """It had started a server that answered every request 413."""
+    assert main(["serve", "--model", tiny_model_dir, "--port", "0", "--kv-cache-memory", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--kv-cache-memory holds no request: 1 bytes, less than the" in err and "\n" not in err, err
+
+
 def test_bench_serve_prints_a_table(capsys, tiny_model_dir, tmp_path):
     out = tmp_path / "table.md"
     argv = ["bench-serve", "--model", tiny_model_dir, "--concurrency", "1,2", "--requests", "2", "--max-tokens", "4",

@@ -271,7 +271,8 @@ def test_openapi_declares_both_request_bodies(server):
                                           (["--api-key", "from-flag"], "from-env", "from-flag")])
 def test_serve_passes_the_key_and_connection_limits(monkeypatch, argv, env, key):
     seen: dict = {}
-    service = types.SimpleNamespace(metrics=types.SimpleNamespace(count_rejected=lambda status: None))
+    service = types.SimpleNamespace(metrics=types.SimpleNamespace(count_rejected=lambda status: None),
+                                    config=types.SimpleNamespace(kv_cache_bytes=None))
     monkeypatch.setattr("specdecode.cli.serve.build_service",
                         lambda config: seen.update(api_key=config.api_key) or service)
     monkeypatch.setattr("specdecode.cli.serve.create_app", lambda service: "app")

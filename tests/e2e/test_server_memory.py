@@ -19,6 +19,7 @@ from specdecode.core.drafting import Draft
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
+from specdecode.server.service import kv_longest, kv_summary
 from tests.e2e.server_util import MODEL, SPEC, serving, tiny_service
 from tests.tiny import tiny_llama
 
@@ -128,6 +129,22 @@ def test_kv_memory_returns_to_baseline_after_a_long_request(long_target):
         assert _kv_bytes(cache) == baseline
         assert httpx.post(server.url + "/v1/completions", json=short, timeout=60).status_code == 200
         assert _kv_bytes(cache) == baseline
+
+
+def test_the_start_up_line_says_what_the_kv_budget_holds_and_the_longest_request_it_names_fits(long_target):
+    """kv_summary's longest request is the admission's own bound: prompt + max_tokens of that many tokens is
+    answered, one more is a 413."""
+    token_bytes = long_target.num_layers * 2 * 2 * 16 * 4  # layers x (k, v) x kv_heads x head_dim x fp32
+    service = tiny_service(long_target, _drafters(long_target), max_batch=4, kv_cache_bytes=1000 * token_bytes)
+    assert kv_longest(service) == 1000 - 64
+    assert "the longest request it holds is 936 tokens" in kv_summary(service)
+    with serving(service) as server:
+        for max_tokens, status in ((36, 200), (37, 413)):
+            reply = httpx.post(server.url + "/v1/completions", json={
+                "model": MODEL, "prompt": [50] * 900, "max_tokens": max_tokens, "temperature": 0}, timeout=60)
+            assert reply.status_code == status, reply.text
+    roomy = tiny_service(long_target, _drafters(long_target), kv_cache_bytes=3 * (4096 + 64) * token_bytes)
+    assert kv_summary(roomy).endswith("a request of the whole context (4,096 tokens) reserves 4 MiB: 3 at once")
 
 
 def test_kv_budget_queues_what_does_not_fit_now(long_target):
