@@ -17,7 +17,6 @@ import uvicorn
 
 from specdecode.cli.args import add_model_args, drafter_config, model_config, spec_config
 from specdecode.cli.commands import COMMANDS
-from specdecode.core.engine import KV_SLACK
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
@@ -30,8 +29,6 @@ from specdecode.server.service import (
     RESPONSES_KEPT,
     ServeConfig,
     build_service,
-    kv_longest,
-    kv_per_token,
     kv_summary,
 )
 
@@ -159,11 +156,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         listener.close()  # Serve's proxy binds its own
         return _serve_replicas(args, config, scaling)
     with listener:
-        service = build_service(config)
-        if (longest := kv_longest(service)) is not None and longest < 2:  # a prompt token and a new one
-            least = (2 + KV_SLACK) * kv_per_token(service)  # as Engine.kv_bytes reserves it, with a step's block
-            raise ConfigError(f"--kv-cache-memory holds no request: {service.config.kv_cache_bytes} bytes, less than "
-                              f"the {least} that the smallest request reserves")
+        service = build_service(config)  # (a KV budget that holds no request is an error: check_kv_budget)
         server = uvicorn.Server(uvicorn.Config(create_app(service), **uvicorn_settings(args,
                                                                                      service.metrics.count_rejected)))
         host, port = listener.getsockname()[:2]

@@ -89,12 +89,9 @@ class ConversationStore:
         self._trim(conversation)
         return conversation
 
-    def check_room(self, conversation: Conversation, items: list[dict]) -> int:
-        """The bytes `items` (given ids) would add to the conversation; TooLarge where that passes the budget."""
-        size = sum(size_of(with_id(item)) for item in items)
-        if conversation.nbytes + size > self.max_bytes:
-            raise TooLarge(conversation.nbytes + size, self.max_bytes)
-        return size
+    def check_room(self, conversation: Conversation, items: list[dict]) -> None:
+        """TooLarge where `items` (given ids) would take the conversation past the budget."""
+        self._fit(conversation, sum(size_of(with_id(item)) for item in items))
 
     def add(self, conversation: Conversation, items: list[dict], strict: bool = True) -> list[dict]:
         """Append `items` (each given an id: with_id) to a held conversation; -> them as added. strict: TooLarge,
@@ -102,8 +99,8 @@ class ConversationStore:
         its input was checked when it was admitted, check_room, and its output is bounded by its tokens)."""
         added = [with_id(item) for item in items]
         size = sum(size_of(item) for item in added)
-        if strict and conversation.nbytes + size > self.max_bytes:
-            raise TooLarge(conversation.nbytes + size, self.max_bytes)
+        if strict:
+            self._fit(conversation, size)
         conversation.items += added
         conversation.nbytes += size
         self.nbytes += size
@@ -157,6 +154,10 @@ class ConversationStore:
         if found is not None and found[0] == conversation.id:
             return found[1]
         return next((item for item in conversation.items if item["id"] == item_id), None)
+
+    def _fit(self, conversation: Conversation, size: int) -> None:
+        if conversation.nbytes + size > self.max_bytes:
+            raise TooLarge(conversation.nbytes + size, self.max_bytes)
 
     def _trim(self, keep: Conversation) -> None:
         """Drop the least recently used conversations other than `keep` while the store is past its count or

@@ -16,7 +16,7 @@ import torch
 
 from specdecode.backends.cpu import native
 from specdecode.backends.cpu.own_thread import run_in_own_thread
-from specdecode.config import DrafterConfig, ModelConfig, SpecConfig
+from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SpecConfig
 from specdecode.core.drafting import Drafter
 from specdecode.core.engine import KV_SLACK, Engine
 from specdecode.core.infill import FimFormat, fim_format
@@ -138,9 +138,27 @@ def kv_per_token(service: Service) -> int:
 
 
 def kv_longest(service: Service) -> int | None:
-    """The most tokens (prompt and max_tokens) one request may reserve within the KV budget (None: no budget)."""
+    """The most tokens (prompt and max_tokens) one request may reserve within the KV budget (None: no budget): the
+    inverse of _kv_reserve."""
     budget = service.config.kv_cache_bytes
-    return None if budget is None else max(0, budget // kv_per_token(service) - KV_SLACK)  # as Engine.kv_bytes
+    return None if budget is None else max(0, budget // kv_per_token(service) - KV_SLACK)
+
+
+def _kv_reserve(service: Service, tokens: int) -> int:
+    """The KV bytes a request of `tokens` (prompt and max_tokens, >= 2) reserves with the default drafter, as the
+    scheduler reserves it (Engine.kv_bytes)."""
+    router = service.scheduler.router
+    return service.scheduler.engine.kv_bytes(tokens - 1, GenerationConfig(max_new_tokens=1),
+                                             router.drafters[router.default])
+
+
+def check_kv_budget(service: Service) -> None:
+    """A KV budget that holds no request (a prompt token and a new one) is a ConfigError: every request would be
+    a 413."""
+    budget = service.config.kv_cache_bytes
+    if budget is not None and budget < (least := _kv_reserve(service, 2)):
+        raise ConfigError(f"--kv-cache-memory holds no request: {budget} bytes, less than the {least} that the "
+                          "smallest request reserves")
 
 
 def kv_summary(service: Service) -> str:
@@ -151,7 +169,7 @@ def kv_summary(service: Service) -> str:
         return "KV memory: unbounded"
     per_token = kv_per_token(service)
     context = service.target.max_positions
-    whole = (context + KV_SLACK) * per_token
+    whole = _kv_reserve(service, context)
     line = (f"KV memory: {budget / (1 << 30):.2f} GiB for requests, {budget // per_token:,} tokens at "
             f"{per_token / 1024:.0f} KiB each; a request of the whole context ({context:,} tokens) reserves "
             f"{whole / (1 << 20):.0f} MiB")
@@ -263,6 +281,7 @@ def _build_service(config: ServeConfig) -> Service:
                           files_bytes=config.files_bytes, conversation_bytes=config.conversation_bytes,
                           responses_bytes=config.responses_bytes)
     service = assemble(target, drafters, next(iter(drafters)), limits, config.spec, _policy(config, target))
+    check_kv_budget(service)
     if fast.enabled:
         service.scheduler.engine.warmup()
     return service
