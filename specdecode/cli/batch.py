@@ -21,7 +21,7 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
 from specdecode.server.batch import BatchLines, index_lines, run_batch
-from specdecode.server.batch_file import FileBytes, results_done
+from specdecode.server.protocol.batch_file import FileBytes, results_done
 from specdecode.server.service import build_service
 
 

@@ -42,7 +42,8 @@ class Draft:
              or None when the drafter chose tokens deterministically: verification then treats q as one-hot.
     aux:     optional AuxBranch evaluated in the same pass, invisible to the draft (see AuxBranch).
     free:    it cost no draft pass (an index lookup: suffix, prompt lookup, lookahead's pool); a server learns such
-             drafts' acceptance apart, for the steps where only they pay (server/policy.py, SpecPolicy.choose).
+             drafts' acceptance apart, for the steps where only they pay
+             (server/scheduling/policy.py, SpecPolicy.choose).
     An empty draft (n = 0) is a value: the target then decodes one token, i.e. plain decoding.
     """
 

@@ -19,13 +19,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdecode.server import schemas as s
-from specdecode.server.as_chat import AsChat
-from specdecode.server.batch_routes import add_batch_routes
-from specdecode.server.bodies import read_body, require_json
-from specdecode.server.conversation_routes import KEEPING, add_conversation_routes, not_held, too_large
-from specdecode.server.conversation_store import TooLarge as ConversationTooLarge
-from specdecode.server.errors import APIError, bad_request, from_validation, shown
 from specdecode.server.jobs import (
     OutputShape,
     build_job,
@@ -36,15 +29,22 @@ from specdecode.server.jobs import (
     seeded_choices,
     token_text,
 )
-from specdecode.server.messages import CountTokensRequest, MessagesRequest, MessageWriter, messages_error
 from specdecode.server.openapi import json_body, openapi_document
-from specdecode.server.pages import page, page_query
 from specdecode.server.playground import add_playground
-from specdecode.server.replies import Choice, Reply, sse, whole
-from specdecode.server.responses import ResponsesRequest, ResponseWriter, responses_error
-from specdecode.server.scheduler import Failed, Job, QueueFull, Ticket, TooLarge
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.as_chat import AsChat
+from specdecode.server.protocol.bodies import read_body, require_json
+from specdecode.server.protocol.errors import APIError, bad_request, from_validation, shown
+from specdecode.server.protocol.pages import page, page_query
+from specdecode.server.protocol.replies import Choice, Reply, sse, whole
+from specdecode.server.protocol.tools import ToolError, tool_use
+from specdecode.server.routes.conversations import KEEPING, add_conversation_routes, not_held, too_large
+from specdecode.server.routes.files_batches import add_batch_routes
+from specdecode.server.routes.messages import CountTokensRequest, MessagesRequest, MessageWriter, messages_error
+from specdecode.server.routes.responses import ResponsesRequest, ResponseWriter, responses_error
+from specdecode.server.scheduling.scheduler import Failed, Job, QueueFull, Ticket, TooLarge
 from specdecode.server.service import Service
-from specdecode.server.tools import ToolError, tool_use
+from specdecode.server.stores.conversation_store import TooLarge as ConversationTooLarge
 
 log = logging.getLogger(__name__)
 _Body = TypeVar("_Body", bound=s.ModelRequest)
@@ -273,7 +273,7 @@ async def _handle(service: Service, request: Request, chat: bool) -> Response:
 
 
 async def _respond(service: Service, request: Request) -> Response:
-    """OpenAI's Responses API, written as a Responses object (server/responses.py)."""
+    """OpenAI's Responses API, written as a Responses object (server/routes/responses.py)."""
     req = await _body(service, request, ResponsesRequest)
     if req.previous_response_id is not None:
         req = req.after(_earlier_items(service, req.previous_response_id))
@@ -334,7 +334,7 @@ def _not_kept(response_id: str) -> APIError:
 
 
 async def _message(service: Service, request: Request) -> Response:
-    """Anthropic's Messages API, written as an Anthropic message (server/messages.py)."""
+    """Anthropic's Messages API, written as an Anthropic message (server/routes/messages.py)."""
     req = await _body(service, request, MessagesRequest)
     ticket, shape, prompt_tokens = await _as_chat(service, req, messages_error)
     writer = MessageWriter(service.config.model_name, req, shape.tools.reading, prompt_tokens)

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from specdecode.server.app import create_app
-from specdecode.server.batch_file import BatchLines, answer, app_client, index_lines
+from specdecode.server.protocol.batch_file import BatchLines, answer, app_client, index_lines
 from specdecode.server.service import Service
 
 __all__ = ["BatchLines", "index_lines", "run_batch"]

@@ -51,7 +51,7 @@ class ConnectionLimits:
 
 
 def error_body(status: int, message: str) -> bytes:
-    """An OpenAI-shaped error body (server/errors.py's shape, for answers written below the app)."""
+    """An OpenAI-shaped error body (server/protocol/errors.py's shape, for answers written below the app)."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
 

@@ -9,11 +9,11 @@ from specdecode.config import GenerationConfig, SamplingConfig, Structure
 from specdecode.core.infill import infill_prompt
 from specdecode.core.penalties import check_bias
 from specdecode.errors import ConfigError
-from specdecode.server import schemas as s
-from specdecode.server.errors import APIError, bad_request, shown
-from specdecode.server.scheduler import NO_SPECULATION, Job
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.errors import APIError, bad_request, shown
+from specdecode.server.protocol.tools import ToolError, ToolUse, template_messages, tool_use
+from specdecode.server.scheduling.scheduler import NO_SPECULATION, Job
 from specdecode.server.service import Service
-from specdecode.server.tools import ToolError, ToolUse, template_messages, tool_use
 
 
 def seeded_choices(job: Job, n: int) -> list[Job]:

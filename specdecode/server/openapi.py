@@ -8,12 +8,12 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from specdecode.server import schemas as s
-from specdecode.server.batches import BatchCreate
-from specdecode.server.conversation_routes import SCHEMAS as CONVERSATION_BODIES
-from specdecode.server.messages import BLOCKS, CountTokensRequest, MessagesRequest, OutputConfig
-from specdecode.server.responses import INPUT_ITEMS, ResponsesRequest, TextConfig
+from specdecode.server.protocol import schemas as s
+from specdecode.server.routes.conversations import SCHEMAS as CONVERSATION_BODIES
+from specdecode.server.routes.messages import BLOCKS, CountTokensRequest, MessagesRequest, OutputConfig
+from specdecode.server.routes.responses import INPUT_ITEMS, ResponsesRequest, TextConfig
 from specdecode.server.service import Service
+from specdecode.server.stores.batches import BatchCreate
 
 
 def json_body(model: type[BaseModel]) -> dict:

@@ -41,8 +41,8 @@ from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableE
 from ray.serve.request_router import RequestRouter
 
 from specdecode.server.app import create_app
-from specdecode.server.bodies import read_body
-from specdecode.server.errors import APIError
+from specdecode.server.protocol.bodies import read_body
+from specdecode.server.protocol.errors import APIError
 from specdecode.server.service import ServerConfig, Service
 
 log = logging.getLogger(__name__)

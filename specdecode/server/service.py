@@ -27,16 +27,16 @@ from specdecode.drafters.none import NoDrafter
 from specdecode.errors import ConfigError, OptionError
 from specdecode.loading.load import check_kv_half, load_model
 from specdecode.paths import cache_root
-from specdecode.server import cost_store
-from specdecode.server.batches import Batches
-from specdecode.server.conversation_store import CONVERSATION_BYTES, ConversationStore
-from specdecode.server.file_store import FILES_BYTES, FileStore
-from specdecode.server.metrics import ServerMetrics
-from specdecode.server.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
-from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT, ResponseStore
-from specdecode.server.router import RoutingDrafter
-from specdecode.server.scheduler import NO_SPECULATION, Scheduler, SchedulerConfig
-from specdecode.server.tools import ToolFormat, tool_format
+from specdecode.server.protocol.tools import ToolFormat, tool_format
+from specdecode.server.scheduling import cost_store
+from specdecode.server.scheduling.metrics import ServerMetrics
+from specdecode.server.scheduling.policy import SpecPolicy, builtin_fits, builtin_table, calibrate
+from specdecode.server.scheduling.router import RoutingDrafter
+from specdecode.server.scheduling.scheduler import NO_SPECULATION, Scheduler, SchedulerConfig
+from specdecode.server.stores.batches import Batches
+from specdecode.server.stores.conversation_store import CONVERSATION_BYTES, ConversationStore
+from specdecode.server.stores.file_store import FILES_BYTES, FileStore
+from specdecode.server.stores.response_store import RESPONSES_BYTES, RESPONSES_KEPT, ResponseStore
 
 K_POLICIES = ("measured", "calibrate", "fixed")
 # --k-policy measured for a model without a built-in table: the cost grid's tokens per row and rounds (the Qwen

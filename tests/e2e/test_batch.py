@@ -14,7 +14,7 @@ import pytest
 from specdecode.cli.main import main
 from specdecode.core.target import Target
 from specdecode.server.batch import BatchLines, index_lines, run_batch
-from specdecode.server.batch_file import FileBytes
+from specdecode.server.protocol.batch_file import FileBytes
 from tests.e2e.server_util import MODEL, serving, tiny_service
 from tests.tiny import tool_tokenizer
 

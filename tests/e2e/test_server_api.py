@@ -15,7 +15,7 @@ from specdecode.core.drafting import Draft
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
-from specdecode.server.policy import CostTable, SpecPolicy
+from specdecode.server.scheduling.policy import CostTable, SpecPolicy
 from tests.e2e.server_util import MODEL, SPEC, chat_ids, reference, serving, tiny_service, wait_idle
 from tests.tiny import CHAT_TEMPLATE, byte_tokenizer
 

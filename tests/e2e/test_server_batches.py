@@ -19,9 +19,9 @@ from fastapi import FastAPI
 from specdecode.cli.main import build_parser, main
 from specdecode.cli.serve import files_bytes
 from specdecode.core.target import Target
-from specdecode.server import batches as batches_module
-from specdecode.server.batches import BatchCreate, Batches
-from specdecode.server.file_store import FILES_BYTES, FileStore
+from specdecode.server.stores import batches as batches_module
+from specdecode.server.stores.batches import BatchCreate, Batches
+from specdecode.server.stores.file_store import FILES_BYTES, FileStore
 from tests.e2e.server_util import MODEL, openai_client, serving, tiny_service
 from tests.tiny import tool_tokenizer
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdecode.server.app import _submit
-from specdecode.server.errors import APIError
-from specdecode.server.replies import usage
-from specdecode.server.scheduler import QueueFull, RequestStats
+from specdecode.server.protocol.errors import APIError
+from specdecode.server.protocol.replies import usage
+from specdecode.server.scheduling.scheduler import QueueFull, RequestStats
 from tests.e2e.server_util import MODEL, chat_ids, reference, serving, tiny_service, wait_idle
 
 PROMPTS = ["Once upon a time", "The cat sat on"]

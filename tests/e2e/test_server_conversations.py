@@ -11,7 +11,7 @@ import pytest
 from specdecode.cli.main import build_parser, main
 from specdecode.cli.serve import conversation_bytes
 from specdecode.core.target import Target
-from specdecode.server.conversation_store import CONVERSATION_BYTES
+from specdecode.server.stores.conversation_store import CONVERSATION_BYTES
 from tests.e2e.server_util import MODEL, openai_client, serving, tiny_service
 from tests.tiny import tool_tokenizer
 

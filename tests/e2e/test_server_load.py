@@ -11,7 +11,7 @@ import openai
 import psutil
 
 from specdecode.core.engine import Sequence
-from specdecode.server.scheduler import Ticket
+from specdecode.server.scheduling.scheduler import Ticket
 from tests.e2e.server_util import MODEL, PROMPTS, chat_ids, reference, serving, tiny_service
 
 CLIENTS, MAX_TOKENS = 32, 12

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from specdecode.core.target import Target
-from specdecode.server.messages import MessagesRequest, MessageWriter
-from specdecode.server.scheduler import Finished, RequestStats, TextDelta
-from specdecode.server.tools import HERMES, Reading
+from specdecode.server.protocol.tools import HERMES, Reading
+from specdecode.server.routes.messages import MessagesRequest, MessageWriter
+from specdecode.server.scheduling.scheduler import Finished, RequestStats, TextDelta
 from tests.e2e.server_util import MODEL, ScriptedTicket, openai_client, serving, tiny_service
 from tests.tiny import tool_tokenizer
 

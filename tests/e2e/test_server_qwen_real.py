@@ -19,9 +19,9 @@ from specdecode.core.infill import fim_format, infill_prompt
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.loading.packages import PACKAGED
-from specdecode.server import schemas as s
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.tools import HERMES, Reading, forced_calls, read_calls
 from specdecode.server.service import ServerConfig, assemble
-from specdecode.server.tools import HERMES, Reading, forced_calls, read_calls
 from tests.e2e.server_util import SPEC, serving
 
 TARGET = "qwen2.5-coder-1.5b"

@@ -10,7 +10,7 @@ import pytest
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, Structure
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
-from specdecode.server.policy import SpecPolicy, builtin_table
+from specdecode.server.scheduling.policy import SpecPolicy, builtin_table
 from specdecode.server.service import ServerConfig, assemble
 from tests.e2e.server_util import SPEC, chat_ids, reference, serving
 

@@ -15,8 +15,8 @@ from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, S
 from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
-from specdecode.server import schemas as s
-from specdecode.server.tools import HERMES, Reading, forced_calls, read_calls
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.tools import HERMES, Reading, forced_calls, read_calls
 from tests.e2e.server_util import MODEL, SPEC, openai_client, serving, tiny_service
 from tests.tiny import tool_tokenizer
 

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from specdecode.core.logprobs import TokenLogprob
-from specdecode.server.replies import Choice, Reply, sse
-from specdecode.server.scheduler import Finished, RequestStats, StepTrace, TextDelta, Ticket
+from specdecode.server.protocol.replies import Choice, Reply, sse
+from specdecode.server.scheduling.scheduler import Finished, RequestStats, StepTrace, TextDelta, Ticket
 from tests.e2e.server_util import MODEL, reference, serving, tiny_service
 from tests.fakes import Oracle
 

@@ -14,7 +14,7 @@ from specdecode.core.engine import Engine
 from specdecode.core.target import Target
 from specdecode.drafters import registry
 from specdecode.loading.formats import apply
-from specdecode.server.scheduler import Job, Ticket
+from specdecode.server.scheduling.scheduler import Job, Ticket
 from tests.e2e.server_util import tiny_service
 from tests.tiny import tiny_drafter, tiny_gemma3, tiny_llama
 

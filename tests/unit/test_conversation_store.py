@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.server.conversation_store import ConversationStore, TooLarge, size_of
+from specdecode.server.stores.conversation_store import ConversationStore, TooLarge, size_of
 
 
 def _item(text: str, item_id: str | None = None) -> dict:

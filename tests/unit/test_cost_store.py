@@ -1,5 +1,5 @@
-"""server/cost_store.py: a verify-pass cost table kept between starts, used only once checked against the machine
-as it runs now."""
+"""server/scheduling/cost_store.py: a verify-pass cost table kept between starts, used only once checked against
+the machine as it runs now."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from specdecode.paths import write_whole
-from specdecode.server.cost_store import TOLERANCE, checked_table, path_for
-from specdecode.server.policy import CostTable
+from specdecode.server.scheduling.cost_store import TOLERANCE, checked_table, path_for
+from specdecode.server.scheduling.policy import CostTable
 
 GRID = ((1, 2, 4), (1, 3, 9))
 TABLE = CostTable(*GRID, ms=((10.0, 12.0, 20.0), (12.0, 18.0, 35.0), (16.0, 30.0, 66.0)))

@@ -17,7 +17,7 @@ from specdecode.drafters.common.eagle3_net import Eagle3Net, Eagle3NetConfig
 from specdecode.drafters.common.head_io import fingerprint
 from specdecode.drafters.none import SPEC as NONE
 from specdecode.errors import ConfigError, OptionError
-from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduling.router import RoutingDrafter
 from tests.tiny import tiny_llama
 
 VOCAB = 16

@@ -24,6 +24,10 @@ LAYERS = (
     ("specdecode.drafters.common",),
     ("specdecode.drafters",),
     ("specdecode.api",),
+    ("specdecode.server.scheduling",),  # the server's folders, lowest first (server/__init__.py)
+    ("specdecode.server.protocol",),
+    ("specdecode.server.stores",),
+    ("specdecode.server.routes",),
     ("specdecode.server", "specdecode.train"),
     ("specdecode.bench",),
     ("specdecode.cli",),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode.server.errors import APIError
-from specdecode.server.pages import PageQuery, page
+from specdecode.server.protocol.errors import APIError
+from specdecode.server.protocol.pages import PageQuery, page
 
 ITEMS = [{"id": f"i{n}"} for n in range(5)]
 

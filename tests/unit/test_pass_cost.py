@@ -3,7 +3,7 @@ import torch
 
 from specdecode.bench.passcost import pass_costs
 from specdecode.core.pass_costs import time_passes
-from specdecode.server.policy import calibrate
+from specdecode.server.scheduling.policy import calibrate
 
 
 def test_every_user_times_passes_the_same_way(tiny_target):

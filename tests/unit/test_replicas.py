@@ -10,7 +10,7 @@ import pytest
 
 from specdecode.cli.main import build_parser, main
 from specdecode.cli.serve import replica_flags, responses_bytes, responses_kept
-from specdecode.server.response_store import RESPONSES_BYTES, RESPONSES_KEPT
+from specdecode.server.stores.response_store import RESPONSES_BYTES, RESPONSES_KEPT
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -94,7 +94,7 @@ def test_session_key_header_then_user():
 def test_metrics_get_a_replica_label_and_one_header_per_family():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from specdecode.server.metrics import ServerMetrics
+    from specdecode.server.scheduling.metrics import ServerMetrics
 
     texts = {}
     for replica, count in (("0", 3), ("1", 5)):

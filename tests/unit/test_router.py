@@ -7,7 +7,7 @@ from specdecode.config import SamplingConfig, SpecConfig
 from specdecode.core.drafting import Capabilities, Draft, SequenceContext, drafts_asked
 from specdecode.core.engine import Engine
 from specdecode.drafters.common.base import BaseDrafter
-from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduling.router import RoutingDrafter
 
 
 class _Echo(BaseDrafter):

@@ -7,9 +7,9 @@ import pytest
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
-from specdecode.server.metrics import ServerMetrics
-from specdecode.server.router import RoutingDrafter
-from specdecode.server.scheduler import Job, QueueFull, Scheduler, SchedulerConfig, Ticket
+from specdecode.server.scheduling.metrics import ServerMetrics
+from specdecode.server.scheduling.router import RoutingDrafter
+from specdecode.server.scheduling.scheduler import Job, QueueFull, Scheduler, SchedulerConfig, Ticket
 
 
 def test_burst_fills_free_rows_and_queue_then_429(tiny_target):

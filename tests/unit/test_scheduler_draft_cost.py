@@ -9,10 +9,10 @@ from specdecode.core.drafting import Capabilities, Draft
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.base import BaseDrafter
-from specdecode.server.metrics import ServerMetrics
-from specdecode.server.policy import CostTable, DraftCost, RowEstimate, SpecPolicy
-from specdecode.server.router import RoutingDrafter
-from specdecode.server.scheduler import Job, Scheduler, SchedulerConfig, Ticket
+from specdecode.server.scheduling.metrics import ServerMetrics
+from specdecode.server.scheduling.policy import CostTable, DraftCost, RowEstimate, SpecPolicy
+from specdecode.server.scheduling.router import RoutingDrafter
+from specdecode.server.scheduling.scheduler import Job, Scheduler, SchedulerConfig, Ticket
 
 PROMPT = (5, 6, 7)
 FLAT = CostTable(batches=(1, 2), qs=(1, 9), ms=((10.0, 10.0), (10.0, 10.0)))  # 10 ms a pass at any width
@@ -187,7 +187,7 @@ def test_steps_of_free_drafts_are_not_the_cost_of_drafting(tiny_target):
 def test_a_cost_that_no_step_renews_is_forgotten():
     """A cost that keeps every step from drafting gets no new sample: after SAMPLE_LIFE steps without one it is
     forgotten and drafting is tried again; a size whose samples keep coming keeps them."""
-    from specdecode.server.policy import SAMPLE_LIFE
+    from specdecode.server.scheduling.policy import SAMPLE_LIFE
 
     cost = DraftCost()
     cost.observe(1, 500.0)

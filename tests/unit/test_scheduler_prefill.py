@@ -10,11 +10,11 @@ import pytest
 from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, SpecConfig
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter
-from specdecode.server import chunk_sizer
-from specdecode.server.chunk_sizer import MIN_CHUNK, MIN_CLIMB, ChunkSizer
-from specdecode.server.metrics import ServerMetrics
-from specdecode.server.router import RoutingDrafter
-from specdecode.server.scheduler import Job, Scheduler, SchedulerConfig, Ticket
+from specdecode.server.scheduling import chunk_sizer
+from specdecode.server.scheduling.chunk_sizer import MIN_CHUNK, MIN_CLIMB, ChunkSizer
+from specdecode.server.scheduling.metrics import ServerMetrics
+from specdecode.server.scheduling.router import RoutingDrafter
+from specdecode.server.scheduling.scheduler import Job, Scheduler, SchedulerConfig, Ticket
 
 
 @pytest.fixture

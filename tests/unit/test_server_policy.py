@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from specdecode.server import service
-from specdecode.server.policy import (
+from specdecode.server.scheduling.policy import (
     SMOLLM2_CPU_FP32,
     SMOLLM2_CPU_INT4,
     AcceptanceStats,
@@ -117,7 +117,7 @@ def test_evidence_decays_back_to_the_prior():
 def test_draft_length_applies_the_batch_cap_except_to_seeded_rows():
     """The scheduler's per-step cap must reach the rows (else the policy decides nothing); a seeded sampled row
     keeps its own K (its draws depend on K), and a row that does not speculate drafts nothing."""
-    from specdecode.server.scheduler import DraftLength
+    from specdecode.server.scheduling.scheduler import DraftLength
 
     policy_k = 6  # the engine's adaptive K for the row
     assert DraftLength(None, True).k(policy_k, cap=2) == 2  # the engine's K, capped
@@ -159,8 +159,8 @@ def test_measured_times_any_other_models_passes(tiny_target, capsys, monkeypatch
 
 
 def test_measured_costs_serve_the_next_start_once_checked(tiny_target, capsys, monkeypatch, tmp_path):
-    """The first start times the grid and keeps it (server/cost_store.py); the next uses it once two cells timed
-    again agree with it, and times the whole grid again when they do not."""
+    """The first start times the grid and keeps it (server/scheduling/cost_store.py); the next uses it once two cells
+    timed again agree with it, and times the whole grid again when they do not."""
     monkeypatch.setattr(service, "SAY_AFTER_S", 0.0)
     monkeypatch.setattr(service, "cache_root", lambda: tmp_path)
     config = ServeConfig(k_policy="measured", max_batch=2)

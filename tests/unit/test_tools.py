@@ -1,6 +1,6 @@
-"""Tool calls (server/tools.py): calls read out of a reply whole and as it streams (every split gives the same),
-the grammar of forced calls (the format's layout, the tool's argument schema, one or many calls), the conversation
-as templates read it, and a request's tools checked against each other and the template."""
+"""Tool calls (server/protocol/tools.py): calls read out of a reply whole and as it streams (every split gives the
+same), the grammar of forced calls (the format's layout, the tool's argument schema, one or many calls), the
+conversation as templates read it, and a request's tools checked against each other and the template."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import llguidance
 import pytest
 
 from specdecode.core.structured import Grammars, grammar_text
-from specdecode.server import schemas as s
-from specdecode.server.tools import (
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.tools import (
     HERMES,
     Call,
     CallReader,

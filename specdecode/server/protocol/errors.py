@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from specdecode.server.schemas import ErrorBody, ErrorDetail
+from specdecode.server.protocol.schemas import ErrorBody, ErrorDetail
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specdecode.server.conversation_store import size_of
+from specdecode.server.stores.conversation_store import size_of
 
 RESPONSES_KEPT = 1024  # the server's default capacity (serve --responses-store)
 RESPONSES_BYTES = 256 << 20  # the server's default budget (serve --responses-store-bytes)

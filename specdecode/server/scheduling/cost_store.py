@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from specdecode.paths import write_whole
-from specdecode.server.policy import CostTable
+from specdecode.server.scheduling.policy import CostTable
 
 TOLERANCE = 0.25  # a checked cell may differ from the stored one by this share (measured spread: up to 18 %)
 VERSION = 1  # bumped when what a table means changes (the timing, its grid), so older files are not read

@@ -17,12 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specdecode.server.bodies import read_body, require_json
-from specdecode.server.conversation_store import ITEMS_PER_REQUEST, Conversation, ConversationStore, TooLarge
-from specdecode.server.errors import APIError, bad_request, from_validation, shown
-from specdecode.server.pages import PageQuery, page, page_query
-from specdecode.server.responses import read_item
-from specdecode.server.schemas import Metadata
+from specdecode.server.protocol.bodies import read_body, require_json
+from specdecode.server.protocol.errors import APIError, bad_request, from_validation, shown
+from specdecode.server.protocol.pages import PageQuery, page, page_query
+from specdecode.server.protocol.schemas import Metadata
+from specdecode.server.routes.responses import read_item
+from specdecode.server.stores.conversation_store import ITEMS_PER_REQUEST, Conversation, ConversationStore, TooLarge
 
 Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]
 

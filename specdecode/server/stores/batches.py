@@ -46,7 +46,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from specdecode.server.batch_file import (
+from specdecode.server.protocol.batch_file import (
     URLS,
     BatchLines,
     answer,
@@ -54,9 +54,9 @@ from specdecode.server.batch_file import (
     checked_lines,
     error_line,
 )
-from specdecode.server.errors import APIError, bad_request, shown
-from specdecode.server.file_store import OUTPUT_PURPOSE, FileStore
-from specdecode.server.schemas import Metadata
+from specdecode.server.protocol.errors import APIError, bad_request, shown
+from specdecode.server.protocol.schemas import Metadata
+from specdecode.server.stores.file_store import OUTPUT_PURPOSE, FileStore
 
 log = logging.getLogger(__name__)
 

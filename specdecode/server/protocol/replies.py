@@ -16,11 +16,19 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from specdecode.server import schemas as s
-from specdecode.server.errors import APIError
-from specdecode.server.logprobs import chat_logprobs, completion_logprobs
-from specdecode.server.scheduler import Event, Failed, Finished, PromptLogprobs, RequestStats, TextDelta, Ticket
-from specdecode.server.tools import Call, CallReader, Reading, read_calls
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.errors import APIError
+from specdecode.server.protocol.logprobs import chat_logprobs, completion_logprobs
+from specdecode.server.protocol.tools import Call, CallReader, Reading, read_calls
+from specdecode.server.scheduling.scheduler import (
+    Event,
+    Failed,
+    Finished,
+    PromptLogprobs,
+    RequestStats,
+    TextDelta,
+    Ticket,
+)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from specdecode.server import schemas as s
-from specdecode.server.as_chat import AsChat, read_part, usage_extensions
-from specdecode.server.errors import APIError, shown
-from specdecode.server.replies import collect, usage
-from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
-from specdecode.server.tools import Call, CallReader, Reading, read_pieces
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.as_chat import AsChat, read_part, usage_extensions
+from specdecode.server.protocol.errors import APIError, shown
+from specdecode.server.protocol.replies import collect, usage
+from specdecode.server.protocol.tools import Call, CallReader, Reading, read_pieces
+from specdecode.server.scheduling.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
 
 
 class TextBlock(s.RequestBody):

@@ -60,10 +60,10 @@ from specdecode.core.engine import Engine, Sequence, StepOutcome
 from specdecode.core.logprobs import TokenLogprob
 from specdecode.core.sequence import Origin
 from specdecode.errors import StructureError
-from specdecode.server.chunk_sizer import MIN_CLIMB, ChunkSizer
-from specdecode.server.metrics import ServerMetrics
-from specdecode.server.policy import AcceptanceStats, DraftCost, DrafterEvidence, SpecPolicy, StepCap
-from specdecode.server.router import RoutingDrafter
+from specdecode.server.scheduling.chunk_sizer import MIN_CLIMB, ChunkSizer
+from specdecode.server.scheduling.metrics import ServerMetrics
+from specdecode.server.scheduling.policy import AcceptanceStats, DraftCost, DrafterEvidence, SpecPolicy, StepCap
+from specdecode.server.scheduling.router import RoutingDrafter
 
 NO_SPECULATION = "none"
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from specdecode.server.errors import bad_request, shown
+from specdecode.server.protocol.errors import bad_request, shown
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from specdecode.config import Structure
 from specdecode.core.structured import JSON_LAYOUT
-from specdecode.server import schemas as s
+from specdecode.server.protocol import schemas as s
 
 
 class ToolError(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from specdecode.core.logprobs import TokenLogprob
-from specdecode.server import schemas as s
+from specdecode.server.protocol import schemas as s
 
 TokenText = Callable[[int], str]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from starlette.requests import ClientDisconnect, Request
 
-from specdecode.server.errors import APIError, shown
+from specdecode.server.protocol.errors import APIError, shown
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from specdecode.server.batches import ENDED, BatchCreate, Batches, BatchJob
-from specdecode.server.bodies import read_body, require_json
-from specdecode.server.errors import APIError, bad_request, from_validation, shown
-from specdecode.server.file_store import PURPOSES, FileStore, StoredFile
-from specdecode.server.pages import page, page_query
+from specdecode.server.protocol.bodies import read_body, require_json
+from specdecode.server.protocol.errors import APIError, bad_request, from_validation, shown
+from specdecode.server.protocol.pages import page, page_query
+from specdecode.server.stores.batches import ENDED, BatchCreate, Batches, BatchJob
+from specdecode.server.stores.file_store import PURPOSES, FileStore, StoredFile
 
 _Kept = TypeVar("_Kept", FileStore, Batches)
 Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]

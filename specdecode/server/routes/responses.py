@@ -22,15 +22,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, PrivateAttr
 
 from specdecode.config import MAX_TOP_LOGPROBS
-from specdecode.server import schemas as s
-from specdecode.server.as_chat import AsChat, read_part, usage_extensions
-from specdecode.server.conversation_store import ConversationStore, with_id
-from specdecode.server.errors import APIError, shown
-from specdecode.server.logprobs import TokenText, chat_logprobs
-from specdecode.server.replies import collect, usage
-from specdecode.server.response_store import Kept, ResponseStore
-from specdecode.server.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
-from specdecode.server.tools import Call, CallReader, Reading, read_pieces
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.as_chat import AsChat, read_part, usage_extensions
+from specdecode.server.protocol.errors import APIError, shown
+from specdecode.server.protocol.logprobs import TokenText, chat_logprobs
+from specdecode.server.protocol.replies import collect, usage
+from specdecode.server.protocol.tools import Call, CallReader, Reading, read_pieces
+from specdecode.server.scheduling.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
+from specdecode.server.stores.conversation_store import ConversationStore, with_id
+from specdecode.server.stores.response_store import Kept, ResponseStore
 
 
 class InputText(s.RequestBody):

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError
 
-from specdecode.server import schemas as s
-from specdecode.server.errors import APIError, from_validation
+from specdecode.server.protocol import schemas as s
+from specdecode.server.protocol.errors import APIError, from_validation
 
 _Part = TypeVar("_Part", bound=s.RequestBody)
 
