@@ -449,6 +449,7 @@ class Engine:
         tokens = self._cut_at_stops(seq, tokens)
         if seq.constraint is not None and seq.constraint.done and seq.finish_reason is None:
             seq.finish_reason = "stop"  # the grammar is complete and admits nothing more
+        tokens, text = self._text(seq, tokens)
         if hidden is not None:
             ctx.hidden = hidden[[0, *path_in_block]]  # [accepted + 1, hidden]
         ctx.tokens.extend(tokens)
@@ -456,7 +457,6 @@ class Engine:
         seq.metrics.observe(draft.depth, len(verdict.accepted), len(tokens), forced=len(verdict.accepted) - own)
         top_n = seq.generation.logprobs
         logprobs = None if top_n is None else token_logprobs(logits[[0, *path_in_block]], tokens, top_n)
-        text = self._text(seq, tokens)
         if not seq.finished:
             self.drafter.observe(ctx, own)
         origins = _origins(draft, verdict.accepted, fit)[: len(tokens)]
@@ -476,18 +476,28 @@ class Engine:
             tokens = tokens[:remaining]
         return tokens
 
-    def _text(self, seq: Sequence, tokens: list[int]) -> str:
-        """The text the committed tokens complete; a stop string found in it finishes the sequence ("stop"; the
-        stop string and what follows are not emitted, the tokens stay committed). The one place stops end text.
-        No stop string is looked for in the first min_new_tokens tokens' text."""
+    def _text(self, seq: Sequence, tokens: list[int]) -> tuple[list[int], str]:
+        """The committed tokens, cut after the one that completes a stop string, and the text they complete. A stop
+        string found finishes the sequence ("stop"; the stop string and what follows are not emitted). The tokens
+        are pushed one at a time where there are stop strings, as plain decoding pushes them: a step's accepted
+        tokens past the stop are dropped, so tokens, logprobs and usage are plain decoding's whatever the drafter.
+        The one place stops end text. No stop string is looked for in the first min_new_tokens tokens' text."""
         if seq.text is None:
-            return ""
+            return tokens, ""
+        before = seq.metrics.new_tokens  # generated before this step's tokens
+        least = seq.generation.min_new_tokens
         with self.tokenizer_lock:
-            text, stopped = seq.text.push_after(tokens, seq.metrics.new_tokens - len(tokens),
-                                                seq.generation.min_new_tokens, final=seq.finished)
-        if stopped:
-            seq.finish_reason = "stop"
-        return text
+            if not seq.text.stops:
+                return tokens, seq.text.push_after(tokens, before, least, final=seq.finished)[0]
+            text = ""
+            for i, token in enumerate(tokens):
+                more, stopped = seq.text.push_after([token], before + i, least,
+                                                    final=seq.finished and i == len(tokens) - 1)
+                text += more
+                if stopped:
+                    seq.finish_reason = "stop"
+                    return tokens[: i + 1], text
+        return tokens, text
 
     # -- one sequence ---------------------------------------------------------------------------------------------
     def stream(self, prompt_ids: list[int], sampling: SamplingConfig | None = None,

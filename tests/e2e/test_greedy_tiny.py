@@ -9,7 +9,7 @@ from specdecode.config import DrafterConfig, GenerationConfig, SamplingConfig, S
 from specdecode.core.drafting import Capabilities, Draft
 from specdecode.core.engine import Engine
 from specdecode.drafters import build_drafter, registry
-from tests.fakes import ForcedHybrid
+from tests.fakes import ForcedHybrid, Oracle
 from tests.tiny import tiny_drafter
 
 PROMPTS = {
@@ -166,6 +166,38 @@ def test_greedy_equals_plain_with_min_tokens(name, tiny_target, tiny_tokenizer, 
         assert got.text == expected.text and len(expected.text) >= LEAST, f"{name} diverged on {key!r} (stop string)"
         proposed += got.metrics.proposed
     assert proposed > 0
+
+
+@pytest.mark.parametrize("name", [n for n in registry() if n != "none"] + ["oracle"])
+def test_a_stop_string_cuts_tokens_and_logprobs_as_plain_decoding(name, tiny_target, tiny_tokenizer, tiny_draft_dir):
+    """A stop string ends a step's accepted tokens where plain decoding would have stopped, after the token that
+    completes it: the tokens, their logprobs and the count (a server's usage) are plain decoding's, never the rest
+    of the step's block, whichever drafter drafted it (the text was cut before; the tokens were not). The oracle
+    drafts plain decoding's own next 8 tokens, so its stops fall inside a block with tokens after them."""
+    plain = Engine(tiny_target, build_drafter(tiny_target, DrafterConfig("none"), SpecConfig()), SpecConfig())
+    spec = SpecConfig(k=8 if name == "oracle" else 4, pause_on_time=False)
+    cut_inside = 0  # stops completed inside a step's block with accepted tokens after them
+    for prompt in PROMPTS.values():
+        ids = tiny_tokenizer(prompt)["input_ids"]
+        whole = plain.generate(ids, GREEDY, GenerationConfig(NEW_TOKENS, stop_on_eos=False))
+        drafter = (Oracle(whole.token_ids, len(ids), vocab=tiny_target.vocab_size) if name == "oracle" else
+                   tiny_drafter(tiny_target, name, spec, tiny_draft_dir, row_cost=0.0))
+        engine = Engine(tiny_target, drafter, spec)
+        for end in (7, 12, 20):  # stop strings that plain decoding writes by its end-th character
+            generation = GenerationConfig(NEW_TOKENS, stop_on_eos=False, logprobs=2,
+                                          stop_strings=(whole.text[end - 2:end],))
+            expected = plain.generate(ids, GREEDY, generation)
+            steps = [outcome for _, outcome in engine.stream(ids, GREEDY, generation)]
+            tokens = [token for outcome in steps for token in outcome.token_ids]
+            logprobs = [entry for outcome in steps for entry in outcome.logprobs]
+            assert expected.finish_reason == "stop" and steps[-1].finish_reason == "stop"
+            assert tokens == expected.token_ids, f"{name} on {prompt!r}, stop by character {end}"
+            assert "".join(outcome.text for outcome in steps) == expected.text
+            assert [entry.token for entry in logprobs] == expected.token_ids
+            assert max(abs(a.logprob - b.logprob) for a, b in zip(logprobs, expected.logprobs)) <= 1e-4
+            cut_inside += steps[-1].accepted + 1 > len(steps[-1].token_ids)
+    if name == "oracle":
+        assert cut_inside >= 6, "the oracle's stops did not fall inside its blocks: the cut was not tested"
 
 
 def test_prompt_lookup_accepts_and_rejects(tiny_target, tiny_tokenizer):
