@@ -278,6 +278,12 @@ BAD_REQUESTS = [
     (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 0}', 400, "invalid_value", "repetition_penalty"),
     (b'{"model": "tiny", "prompt": "x", "repetition_penalty": 5e-324}', 400, "invalid_value", "repetition_penalty"),
     (b'{"model": "tiny", "prompt": "' + b"x" * 1100 + b'"}', 400, "context_length_exceeded", "prompt"),
+    # chat's name for max_tokens, and keys our extensions do not know: each was ignored
+    (b'{"model": "tiny", "prompt": "x", "max_completion_tokens": 3}', 400, "unsupported", "max_completion_tokens"),
+    (b'{"model": "tiny", "prompt": "x", "speculation": {"drafer": "none"}}', 400, "unknown_field",
+     "speculation.drafer"),
+    (b'{"model": "tiny", "prompt": "x", "structured_outputs": {"regx": "a"}}', 400, "unknown_field",
+     "structured_outputs.regx"),
 ]
 
 

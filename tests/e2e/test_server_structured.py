@@ -142,6 +142,10 @@ def test_a_schema_that_cannot_finish_ends_with_length(client):
     ({"structured_outputs": {"grammar": "start: nothing_defined"}}, "structured_outputs.grammar"),
     ({"structured_outputs": {"grammar": "0"}}, "structured_outputs.grammar"),  # neither Lark nor GBNF
     ({"structured_outputs": {"regex": "a+"}, "guided_choice": ["a"]}, "structured_outputs.regex, guided_choice"),
+    ({"structured_outputs": {"regx": "a+"}}, "structured_outputs.regx"),  # a misspelt key was ignored
+    ({"structured_outputs": {"choice": ["a"], "disable_any_whitespace": True}},
+     "structured_outputs.disable_any_whitespace"),
+    ({"speculation": {"drafer": "none"}}, "speculation.drafer"),
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ])

@@ -42,6 +42,8 @@ def from_validation(error: ValidationError) -> APIError:
     param = ".".join(location) or None
     if first["type"] == "missing":
         return APIError(400, f"missing required field {param!r}", param=param, code="missing_field")
+    if first["type"] == "extra_forbidden":
+        return APIError(400, f"unknown field {param!r}", param=param, code="unknown_field")
     if first["type"] == "model_type":
         if param is None:
             return APIError(400, "the request body must be a JSON object", code="invalid_type")

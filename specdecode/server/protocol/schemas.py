@@ -100,7 +100,10 @@ def _same(value: Any, neutral: Any) -> bool:
 
 class SpeculationOptions(RequestBody):
     """Extension: per-request drafter choice and draft length cap (k = 0 or drafter "none": no speculation); trace
-    (streams only) adds a `speculation` field to each chunk that carries tokens: each token's origin."""
+    (streams only) adds a `speculation` field to each chunk that carries tokens: each token's origin. A key it does
+    not know is a 400: a misspelt `drafter` would otherwise be served by the default drafter without a word."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     drafter: str | None = None
     k: int | None = Field(default=None, ge=0, le=64)
@@ -126,7 +129,11 @@ class ResponseFormat(RequestBody):
 
 
 class StructuredOutputs(RequestBody):
-    """vLLM's structured_outputs extension: exactly one of these."""
+    """vLLM's structured_outputs extension: exactly one of these. A key it does not know (a misspelt `regex`, or
+    vLLM's `structural_tag` or `disable_any_whitespace`, not implemented) is a 400: ignoring it would drop or change
+    the structure asked for."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
     regex: str | None = None
@@ -232,10 +239,14 @@ class CompletionRequest(_Sampling):
     echo: bool | None = False  # the prompt's text (and with logprobs, its tokens' logprobs) leads each choice's
     best_of: int | None = None
     suffix: str | None = None  # text after the completion: the model fills the middle (core/infill.py)
+    max_completion_tokens: Any = None  # chat's name for max_tokens: here a 400, where it was ignored
     ONLY: ClassVar[dict[str, tuple]] = {**_Sampling.ONLY, "best_of": (1,)}
 
     def unsupported(self) -> list[tuple[str, str]]:
         problems = super().unsupported()
+        if self.max_completion_tokens is not None:
+            problems.append(("max_completion_tokens", "max_completion_tokens is a chat completions field; "
+                                                      "/v1/completions takes max_tokens"))
         if self.best_of not in (None, 1):
             problems.append(("best_of", "only best_of=1 is supported"))
         if self.suffix and self.echo:
