@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
 from specdecode.server.batch import BatchLines, index_lines, run_batch
-from specdecode.server.protocol.batch_file import FileBytes, results_done
+from specdecode.server.protocol.batch_file import FileBytes, begins_result, result_text, results_done
 from specdecode.server.service import build_service
 
 
@@ -56,7 +55,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
                             status = line["response"]["status_code"] if line["response"] else None
                             counts["ok" if status == 200 else "failed"] += 1
                             try:
-                                out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+                                out.write(result_text(line))
                                 out.flush()
                             except OSError as error:  # a full disk, say: what is written stands
                                 raise ConfigError(f"--output {args.output!r}: writing failed "
@@ -91,7 +90,8 @@ def _check_output(output: str, source: Path) -> None:
 
 def _resume(output: Path, lines: BatchLines) -> int:
     """How many requests `output` already answers (batch_file.results_done), after cutting off a last line that a
-    stopped run left half written; 0 when there is no output yet. The output is read a line at a time."""
+    stopped run left half written (one that begins as a result line does: anything else is not ours to cut, and
+    exits 2 with the file kept); 0 when there is no output yet. The output is read a line at a time."""
     if str(output) == "-":
         raise ConfigError("--resume needs --output to be a file (it continues the results written there)")
     if not output.is_file():
@@ -100,9 +100,11 @@ def _resume(output: Path, lines: BatchLines) -> int:
 
     def results(handle: BinaryIO) -> Iterator[str]:
         nonlocal whole
-        for raw in handle:
+        for number, raw in enumerate(handle, start=1):
             if not raw.endswith(b"\n"):
-                return  # a half-written last line
+                if begins_result(raw):
+                    return  # a half-written last line
+                raise ValueError(f"its line {number} ends with no newline and does not begin as a result line")
             whole += len(raw)
             yield raw[:-1].decode("utf-8")
     try:

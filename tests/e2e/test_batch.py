@@ -14,7 +14,7 @@ import pytest
 from specdecode.cli.main import main
 from specdecode.core.target import Target
 from specdecode.server.batch import BatchLines, index_lines, run_batch
-from specdecode.server.protocol.batch_file import FileBytes
+from specdecode.server.protocol.batch_file import RESULT_START, FileBytes, begins_result, error_line, result_text
 from tests.e2e.server_util import MODEL, serving, tiny_service
 from tests.tiny import tool_tokenizer
 
@@ -167,6 +167,23 @@ def test_resume_keeps_the_results_written_and_answers_the_rest(tiny_model_dir, t
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
     assert out.read_text() == "".join(resumed)  # a refused resume leaves the output as it was
+
+
+def test_resume_cuts_only_a_last_line_that_begins_as_a_result(tiny_model_dir, tmp_path, capsys):
+    """--resume cut any last line with no newline as half written: a file of other bytes with no newline was
+    replaced. Only a start of a result line (or a start of that start) is cut; anything else exits 2, file kept."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(_lines([("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})])))
+    argv = ["batch", "--model", tiny_model_dir, "--served-model-name", "m", "-i", str(source), "-o", str(out),
+            "--resume"]
+    for kept in (b"PRECIOUS user data", b'{"custom_id": "r0"}'):
+        out.write_bytes(kept)
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert "its line 1 ends with no newline and does not begin as a result line" in err and "\n" not in err
+        assert out.read_bytes() == kept
+    assert begins_result(b'{"id":"batch_req_12') and begins_result(b'{"i') and not begins_result(b"PRECIOUS")
+    assert result_text(error_line("r0", "x", "y")).encode().startswith(RESULT_START)
 
 
 def test_a_slow_request_holds_a_bounded_window_of_results_behind_it(target, monkeypatch):

@@ -159,6 +159,20 @@ def results_done(lines: Iterable[str], requests: BatchLines) -> int:
     return done
 
 
+def result_text(line: dict) -> str:
+    """A result line as written to an output file: compact JSON and a newline, so each begins with RESULT_START."""
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+RESULT_START = b'{"id":"batch_req_'  # how result_text begins: answer and error_line put the id first
+
+
+def begins_result(fragment: bytes) -> bool:
+    """Whether `fragment` (a last line with no newline) may be a result line cut while result_text's line was
+    written: it begins as one does, or is the start of that beginning. Anything else is not ours to cut."""
+    return fragment.startswith(RESULT_START) or RESULT_START.startswith(fragment)
+
+
 def error_line(custom_id: str | None, code: str, message: str) -> dict:
     """The result line of a request that was not answered: not a request, or never sent."""
     return {"id": "batch_req_" + uuid.uuid4().hex, "custom_id": custom_id, "response": None,

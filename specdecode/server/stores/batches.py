@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import logging
 import time
 import uuid
@@ -53,6 +52,7 @@ from specdecode.server.protocol.batch_file import (
     app_client,
     checked_lines,
     error_line,
+    result_text,
 )
 from specdecode.server.protocol.errors import APIError, bad_request, shown
 from specdecode.server.protocol.schemas import Metadata
@@ -311,7 +311,7 @@ def _read(data: bytes, endpoint: str) -> tuple[array, list[dict]]:
 
 
 def _jsonl(lines: list[dict]) -> bytes:
-    return "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines).encode()
+    return "".join(result_text(line) for line in lines).encode()
 
 
 def _answered(line: dict) -> bool:
