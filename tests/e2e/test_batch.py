@@ -41,7 +41,10 @@ def _lines(bodies, prefix: str = "r") -> list[str]:
 
 
 def read_requests(lines: list[str]) -> BatchLines:
-    data = "\n".join(lines).encode()
+    return read_requests_bytes("\n".join(lines).encode())
+
+
+def read_requests_bytes(data: bytes) -> BatchLines:
     return index_lines(io.BytesIO(data), data)
 
 
@@ -221,6 +224,18 @@ def test_a_line_of_an_input_cut_short_while_it_runs_is_no_request(tmp_path):
             cut.truncate(path.stat().st_size - 20)
         assert lines.request(0).error is None and lines.request(0).custom_id == "r0"
         assert lines.request(2).error.startswith("line 3 is not JSON")
+
+
+def test_a_byte_order_mark_that_begins_the_file_is_no_part_of_line_1(tmp_path):
+    """A file saved with a UTF-8 BOM (Windows editors) had line 1 fail as "Unexpected UTF-8 BOM" while the rest ran:
+    the mark is read as utf-8-sig reads it, and only at the file's start."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(_lines(BODIES[:2])).encode() + b"\n")
+    with open(path, "rb") as handle:
+        lines = index_lines(handle, FileBytes(handle.fileno()))
+        assert [(lines.request(i).custom_id, lines.request(i).error) for i in range(2)] == [("r0", None), ("r1", None)]
+    later = ("\n".join(_lines(BODIES[:2])) + "\n").replace("\n", "\n\ufeff", 1).encode()
+    assert read_requests_bytes(later).request(1).error.startswith("line 2 is not JSON")
 
 
 def test_a_bug_is_a_500_result_line_and_the_batch_goes_on(target, monkeypatch):

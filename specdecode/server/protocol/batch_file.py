@@ -10,6 +10,7 @@ request, or one that was never sent (the batch was cancelled or expired), has `r
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import os
 import uuid
@@ -64,12 +65,14 @@ def read_line(number: int, text: str) -> BatchRequest:
 def request_spans(lines: Iterable[bytes]) -> Iterator[tuple[int, int, int, bytes]]:
     """(line number, start, end, its bytes) of each line of a batch file that is not blank, from the file's lines
     in order as binary reads give them (each but the last ending in "\n": JSONL's lines end there, and a JSON
-    string may hold U+2028 as it is)."""
+    string may hold U+2028 as it is). A byte order mark that begins the file is no part of its first line (as
+    Python's utf-8-sig reads it): editors on Windows write one, and json.loads refuses it."""
     start = 0
     for number, raw in enumerate(lines, start=1):
         text = raw.removesuffix(b"\n")
-        if text.strip():
-            yield number, start, start + len(text), text
+        bom = len(codecs.BOM_UTF8) if number == 1 and text.startswith(codecs.BOM_UTF8) else 0
+        if text[bom:].strip():
+            yield number, start + bom, start + len(text), text[bom:]
         start += len(raw)
 
 
