@@ -57,6 +57,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
                             try:
                                 out.write(result_text(line))
                                 out.flush()
+                            except BrokenPipeError:  # `-o -` and its reader went away: cli/main.py ends quietly
+                                raise
                             except OSError as error:  # a full disk, say: what is written stands
                                 raise ConfigError(f"--output {args.output!r}: writing failed "
                                                   f"({error.strerror or error}); its whole lines stand, and --resume "

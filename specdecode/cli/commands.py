@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from specdecode.errors import OptionError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C ended
+EXIT_PIPE = 141  # 128 + SIGPIPE: stdout's reader went away
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 
 import pytest
 
@@ -187,6 +188,19 @@ def test_resume_cuts_only_a_last_line_that_begins_as_a_result(tiny_model_dir, tm
         assert out.read_bytes() == kept
     assert begins_result(b'{"id":"batch_req_12') and begins_result(b'{"i') and not begins_result(b"PRECIOUS")
     assert result_text(error_line("r0", "x", "y")).encode().startswith(RESULT_START)
+
+
+def test_a_closed_stdout_ends_the_batch_quietly(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """`-o -` whose reader went away was "writing failed (Broken pipe)", a usage error (2): it is the quiet stop of
+    any command whose stdout closed (cli/main.py, 141)."""
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(_lines([("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})])))
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["batch", "--model", tiny_model_dir, "--served-model-name", "m", "-i", str(source), "-o", "-"]) == 141
+    assert capsys.readouterr().err == ""
 
 
 def test_a_slow_request_holds_a_bounded_window_of_results_behind_it(target, monkeypatch):

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+import specdecode.cli.main as cli_main
 from specdecode.api import SpecDecoder
 from specdecode.cli.main import main
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
@@ -248,3 +250,36 @@ def test_bench_serve_sends_first_turns_or_whole_conversations(monkeypatch, tmp_p
         assert main(["bench-serve", "--prompts", str(prompts), "--concurrency", "1", *extra]) == 0
     assert sent == [[("one",), ("two",)], [("one",), ("two", "two again")]]
     capsys.readouterr()
+
+
+def test_a_closed_stdout_ends_quietly(tiny_model_dir):
+    """`generate ... | head -c 10`: the reader went away, and the next write was a BrokenPipeError traceback (exit 1).
+    Now no message, and 141 as a shell gives a command SIGPIPE ended."""
+    reader, writer = os.pipe()
+    os.close(reader)  # closed before the first write, so the run cannot finish inside the pipe's buffer
+    try:
+        proc = subprocess.run([sys.executable, "-m", "specdecode", "generate", "--model", tiny_model_dir, "--drafter",
+                               "none", "--max-new-tokens", "8", "hi"], stdout=writer, stderr=subprocess.PIPE, text=True,
+                              timeout=300)
+    finally:
+        os.close(writer)
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_text_stdout_cannot_encode_is_escaped(tiny_model_dir):
+    """PYTHONIOENCODING=ascii and an answer that is not ASCII ("café", held by --choice): a UnicodeEncodeError
+    traceback before; now the character is written as Python's stderr writes it, a backslash escape."""
+    proc = subprocess.run([sys.executable, "-m", "specdecode", "generate", "--model", tiny_model_dir,
+                           "--choice", "café", "--max-new-tokens", "8", "hi"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("caf\\xe9\n")
+
+
+def test_an_interrupt_while_a_command_loads_exits_130(monkeypatch, capsys):
+    """Ctrl-C in the first seconds (a command's module importing torch) was a KeyboardInterrupt traceback."""
+    def interrupted(only: str | None = None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_main, "build_parser", interrupted)
+    assert main(["generate", "hi"]) == 130
+    assert capsys.readouterr().err == ""
