@@ -103,6 +103,15 @@ def device_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def check_utf8(name: str, text: str | None) -> None:
+    """A text flag that reaches the tokenizer is UTF-8: argv is decoded with surrogateescape, so bytes that are not
+    arrive as lone surrogates, which the tokenizer refuses with a TypeError."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name} is not valid UTF-8") from None
+
+
 def model_config(args: argparse.Namespace) -> ModelConfig:
     """--model, --device, --dtype, --weights, --kv-cache-dtype and --compile as the library's ModelConfig."""
     fast = None if args.compile is None else FastPathConfig(enabled=args.compile)

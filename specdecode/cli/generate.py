@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from specdecode.api import SpecDecoder
 from specdecode.cli.args import (
     add_model_args,
     check_drafter_flags,
+    check_utf8,
     drafter_config,
     model_config,
     resolved_drafter,
@@ -23,7 +25,7 @@ from specdecode.errors import ConfigError
 
 def register(subparsers, name: str = "generate") -> None:
     gen = subparsers.add_parser(name, help=COMMANDS[name].help)
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="the prompt; - reads it from stdin")
     add_model_args(gen, AUTO)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -72,13 +74,17 @@ def _logit_bias(text: str) -> tuple[tuple[int, float], ...]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    prompt = _prompt(args.prompt)
+    for name, text in (("--suffix", args.suffix), ("--regex", args.regex),
+                       *(("--choice", choice) for choice in args.choice or ())):
+        check_utf8(name, text)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                               min_p=args.min_p, presence_penalty=args.presence_penalty,
                               frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
                               logit_bias=args.logit_bias)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, structure=_structure(args),
                                   logprobs=args.logprobs)
-    if not args.prompt.strip() and not args.suffix:
+    if not prompt.strip() and not args.suffix:
         raise ConfigError("the prompt is empty")
     if args.suffix is not None and args.chat:
         raise ConfigError("--suffix fills a middle in a text prompt: it cannot be combined with --chat")
@@ -89,7 +95,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_drafter_flags(args, [drafter], drafter if drafter == args.drafter else f"{args.drafter} (here: {drafter})")
     decoder = SpecDecoder.load(model_config(args), drafter_config(args), spec=spec_config(args))
     pieces, logged, seq = [], [], None
-    stream = decoder.stream(args.prompt, chat=args.chat, sampling=sampling, generation=generation, suffix=args.suffix)
+    stream = decoder.stream(prompt, chat=args.chat, sampling=sampling, generation=generation, suffix=args.suffix)
     for seq, chunk in stream:  # noqa: B007 - the last seq is read after the loop
         pieces.append(chunk.text)
         logged.extend(chunk.logprobs or ())
@@ -105,6 +111,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print(_summary(seq.metrics, seq, name, structured=generation.structure is not None))
     return 0
+
+
+def _prompt(given: str) -> str:
+    """The prompt: `-` reads it from stdin, as Unix tools read a file named -, kept as it is (a last newline too)
+    and read as UTF-8 whatever the locale."""
+    if given != "-":
+        check_utf8("the prompt", given)
+        return given
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"the prompt (stdin) is not valid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def _as_json(text: str, logprobs: list | None, seq: Sequence, drafter: str) -> dict:

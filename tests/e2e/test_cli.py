@@ -1,6 +1,7 @@
 """CLI: bad input gets one line on stderr and exit code 2; --json prints one object with the metrics."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -44,6 +45,12 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--temperature", "-0.5", "hi"], "temperature must be >= 0"),
     (["generate", ""], "the prompt is empty"),
     (["generate", "   "], "the prompt is empty"),
+    # bytes that are not UTF-8 arrive as lone surrogates (surrogateescape): a TypeError from the tokenizer before
+    (["generate", "abc\udcff\udcfe def"], "the prompt is not valid UTF-8"),
+    (["generate", "\udced\udca0\udc80"], "the prompt is not valid UTF-8"),  # an encoded surrogate
+    (["generate", "--suffix", "x\udcff", "hi"], "--suffix is not valid UTF-8"),
+    (["generate", "--choice", "a", "--choice", "\udcff", "hi"], "--choice is not valid UTF-8"),
+    (["generate", "--regex", "[\udcff]", "hi"], "--regex is not valid UTF-8"),
     (["generate", "--model", "/no/such/model", "hi"], "model not found"),
     (["generate", "--drafter", "nope", "hi"], "invalid choice"),
     (["generate", "--top-p", "0", "hi"], "top-p"),
@@ -112,6 +119,23 @@ def test_bad_input_in_a_real_process():
     proc = run_cli("generate", "--k", "-3", "hi")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "specdecode: error: k must be a positive integer, got -3"
+    proc = run_cli("generate", os.fsdecode(b"abc\xff\xfe def"))  # the bytes themselves in argv
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "specdecode: error: the prompt is not valid UTF-8"
+
+
+def test_a_prompt_of_dash_is_read_from_stdin(tiny_model_dir, monkeypatch, capsys):
+    """`generate -` took "-" as the prompt; it reads stdin, as Unix tools read a file named -, strictly as UTF-8."""
+    argv = ["generate", "--model", tiny_model_dir, "--drafter", "none", "--json", "--max-new-tokens", "4"]
+    assert main([*argv, "abc abc\n"]) == 0
+    given = json.loads(capsys.readouterr().out)["text"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"abc abc\n")))
+    assert main([*argv, "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == given
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"abc\xff")))
+    assert main([*argv, "-"]) == 2
+    assert capsys.readouterr().err.strip() == ("specdecode: error: the prompt (stdin) is not valid UTF-8 (invalid "
+                                               "start byte at byte 3)")
 
 
 def test_prompt_longer_than_context(short_context_dir, capsys):
