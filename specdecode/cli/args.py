@@ -134,8 +134,10 @@ def resolved_drafter(args: argparse.Namespace) -> str:
 
 
 def check_drafter_flags(args: argparse.Namespace, drafters: list[str], shown: str | None = None) -> None:
-    """The drafter flags given on the command line, each checked against the drafters that read it."""
-    check_options_read(drafter_config(args).given(spec_config(args)), drafters, shown)
+    """The drafter flags given on the command line, each checked against the drafters that read it: the configs'
+    options, and --k and --adaptive, which no drafter but a drafting one reads (--drafter none)."""
+    given = {**drafter_config(args).given(spec_config(args)), "k": args.k != SpecConfig.k, "adaptive": args.adaptive}
+    check_options_read(given, drafters, shown)
 
 
 def spec_config(args: argparse.Namespace) -> SpecConfig:

@@ -86,6 +86,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                   logprobs=args.logprobs)
     if not prompt.strip() and not args.suffix:
         raise ConfigError("the prompt is empty")
+    if args.logprobs is not None and not args.json:
+        raise ConfigError("--logprobs has no effect without --json (the logprobs are in its JSON object)")
     if args.suffix is not None and args.chat:
         raise ConfigError("--suffix fills a middle in a text prompt: it cannot be combined with --chat")
     ignored = ["--" + name.replace("_", "-") for name in sampling.unused_when_greedy()]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from specdecode.cli.args import add_model_args, drafter_config, model_config, spec_config
+from specdecode.cli.args import add_model_args, check_drafter_flags, drafter_config, model_config, spec_config
 from specdecode.cli.commands import COMMANDS
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
@@ -85,7 +85,7 @@ def serve_config(args: argparse.Namespace, api_key: str | None = None) -> ServeC
                          args.served_model_name, args.max_batch, args.max_queue, args.default_max_tokens,
                          args.kv_cache_memory, api_key, allowed_hosts(args), responses_kept(args), files_bytes(args),
                          conversation_bytes(args), responses_bytes(args))
-    config.resolved()  # for its checks
+    check_drafter_flags(args, list(config.resolved().drafters))  # resolved: its own checks, then the flags'
     return config
 
 

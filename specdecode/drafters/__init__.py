@@ -49,6 +49,10 @@ OPTION_READERS = {"exit_layer": ("layer-skip",), "lookahead": ("lookahead",),
                   "draft_model": ("draft-model", "eagle", "eagle3", "medusa", "hybrid"),
                   "draft_weights": ("draft-model", "hybrid"), "draft_vocab": ("draft-model", "hybrid"),
                   "confidence": ("layer-skip", "draft-model"), "suffix_store": ("suffix", "hybrid")}
+# the speculation length is read by every drafter that drafts. Checked where a user gives it (the command line's
+# --k, --adaptive: cli/args.py), not on a library's SpecConfig, which a baseline shares with the drafters it runs with
+DRAFTING = tuple(spec.name for spec in _SPECS if spec is not none.SPEC)
+OPTION_READERS.update(k=DRAFTING, adaptive=DRAFTING)
 
 
 def check_options_read(given: dict[str, bool], drafters: list[str], shown: str | None = None) -> None:
@@ -56,8 +60,9 @@ def check_options_read(given: dict[str, bool], drafters: list[str], shown: str |
     silently ignored. shown: how the drafters are named in the message (default: the names)."""
     for option, readers in OPTION_READERS.items():
         if given.get(option) and not set(readers) & set(drafters):
+            named = "every drafter but none" if readers == DRAFTING else f"{{drafter}} {' or '.join(readers)}"
             raise OptionError(f"{{{option}}} has no effect with {{drafter}} {shown or ', '.join(drafters)}; "
-                              f"it is read by {{drafter}} {' or '.join(readers)}", option, "drafter")
+                              f"it is read by {named}", option, "drafter")
 
 
 def build_drafter(target: Target, config: DrafterConfig, spec: SpecConfig | None = None) -> Drafter:

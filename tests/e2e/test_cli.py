@@ -77,6 +77,13 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--drafter", "hybrid", "--draft-model", "x", "--confidence", "0.5", "hi"],
      "--confidence has no effect with --drafter hybrid"),  # its chain is priced by the rule, not cut by a threshold
     (["generate", "--max-k", "8", "hi"], "--max-k has no effect without --adaptive"),
+    (["generate", "--logprobs", "2", "hi"], "--logprobs has no effect without --json"),  # were dropped
+    (["generate", "--drafter", "none", "--k", "4", "hi"],
+     "--k has no effect with --drafter none; it is read by every drafter but none"),
+    (["generate", "--drafter", "none", "--adaptive", "hi"], "--adaptive has no effect with --drafter none"),
+    (["batch", "--drafter", "none", "--k", "4", "-i", __file__, "-o", "-"],  # any file of lines: refused before
+     "--k has no effect with --drafter none"),
+    (["serve", "--drafter", "none", "--adaptive"], "--adaptive has no effect with --drafter none"),
     (["generate", "--adaptive", "--k", "6", "--max-k", "3", "hi"], "--max-k (3) must be >= --k (6)"),
     (["generate", "--top-p", "0.9", "hi"], "--top-p has no effect with greedy decoding"),
     (["generate", "--seed", "1", "--top-k", "5", "hi"], "--top-k, --seed has no effect with greedy decoding"),
