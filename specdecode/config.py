@@ -374,6 +374,8 @@ class ModelConfig:
             if not hasattr(self.name, "__fspath__"):
                 raise ConfigError(f"model must be a path, hub id or None, got {self.name!r}")
             object.__setattr__(self, "name", str(self.name.__fspath__()))  # a pathlib.Path works too
+        if self.name is not None and not self.name.strip():  # loading reads a falsy name as the default model
+            raise OptionError(f"{{model}} is empty (got {self.name!r}); leave it out for the default model", "model")
         if not isinstance(self.device, str):
             raise ConfigError(f"device must be a string (cpu, cuda or cuda:N), got {self.device!r}")
         check_device(self.device)

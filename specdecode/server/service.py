@@ -218,7 +218,9 @@ class ServeConfig:
     responses_bytes: int = RESPONSES_BYTES  # ServerConfig.responses_bytes
 
     def __post_init__(self) -> None:
-        for name, low in (("max_batch", 1), ("max_queue", 0), ("default_max_tokens", 1), ("responses_kept", 0),
+        # max_queue: a request waits in the queue before it gets a row, and one asking for more choices than it
+        # holds is refused (app.py), so 0 would refuse every request
+        for name, low in (("max_batch", 1), ("max_queue", 1), ("default_max_tokens", 1), ("responses_kept", 0),
                           ("files_bytes", 0), ("conversation_bytes", 0), ("responses_bytes", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -94,6 +94,9 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["generate", "--logit-bias", "5:1000", "hi"], "biases in [-100, 100]"),
     (["generate", "--logit-bias", "99999999:1", "--max-new-tokens", "2", "hi"], "outside the vocabulary"),
     (["serve", "--port", "99999"], "port must be in 0..65535"),
+    (["generate", "--model", "", "hi"], "--model is empty (got ''); leave it out for the default model"),
+    (["serve", "--max-queue", "0"], "--max-queue must be >= 1, got 0"),  # every request was refused
+    (["batch", "--max-queue", "0", "-i", __file__, "-o", "-"], "--max-queue must be >= 1, got 0"),
     (["serve", "--drafter", "prompt-lookup", "--exit-layer", "3"], "--exit-layer has no effect"),
     (["bench", "--methods", "", "--out", "/tmp/specdecode-cli-test-unused"], "--methods is empty"),
     (["bench", "--methods", ",", "--out", "/tmp/specdecode-cli-test-unused"], "--methods is empty"),
