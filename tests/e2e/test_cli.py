@@ -317,3 +317,15 @@ def test_an_interrupt_while_a_command_loads_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(cli_main, "build_parser", interrupted)
     assert main(["generate", "hi"]) == 130
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle", "eagle3"])
+def test_a_head_with_corrupt_weights_is_one_line_exit_2(drafter, tiny_model_dir, tmp_path, capsys):
+    """A head's model.safetensors that is not one was a SafetensorError traceback (safetensors raises neither
+    OSError nor ValueError); now one line naming the file."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"garbage garbage garbage")
+    assert main(["generate", "--model", tiny_model_dir, "--drafter", drafter, "--draft-model", str(tmp_path),
+                 "--max-new-tokens", "4", "Hi"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "model.safetensors is not a safetensors file" in lines[0], lines

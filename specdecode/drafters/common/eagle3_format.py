@@ -20,9 +20,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from specdecode.drafters.common.eagle3_net import Eagle3Net, Eagle3NetConfig, default_aux_layers
+from specdecode.drafters.common.head_io import read_weights
 from specdecode.errors import ConfigError
 
 LAYOUTS = ("sglang", "speculators")
@@ -133,7 +134,7 @@ def load_eagle3(directory: str | Path, device="cpu", dtype: torch.dtype = torch.
         files = sorted(directory.glob("*.safetensors"))
         if not files:
             raise OSError("no .safetensors file")
-        state = {name: tensor for file in files for name, tensor in load_file(str(file)).items()}
+        state = {name: tensor for file in files for name, tensor in read_weights(file).items()}
     except (OSError, ValueError) as error:
         raise ConfigError(f"no usable EAGLE-3 head in {str(directory)!r}: {error}") from error
     layout = layout_of(config)

@@ -8,11 +8,12 @@ from importlib import resources
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdecode.drafters.common.nets import EagleNet, EagleNetConfig, MedusaHeads, MedusaNetConfig
-from specdecode.errors import ConfigError, OptionError
+from specdecode.errors import ConfigError, OptionError, first_line
 
 FORMAT = 1
 SHIPPED_ROOT = Path(str(resources.files("specdecode"))) / "heads"  # heads shipped in the package
@@ -56,13 +57,22 @@ def save_head(directory: str | Path, kind: str, net: nn.Module, target_fingerpri
     return directory
 
 
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A head's safetensors file. One that is not (garbage, cut short) is a ValueError naming it, which the loaders
+    make their one-line error: safetensors raises its own SafetensorError, neither an OSError nor a ValueError."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as error:
+        raise ValueError(f"{path.name} is not a safetensors file ({first_line(error)})") from error
+
+
 def load_head(directory: str | Path, kind: str, device="cpu", dtype: torch.dtype = torch.float32
               ) -> tuple[nn.Module, dict]:
     """-> (net in eval mode on device/dtype, its config dict). One-line ConfigError on a bad directory."""
     directory = Path(directory)
     try:
         config = json.loads((directory / "config.json").read_text())
-        state = load_file(str(directory / "model.safetensors"))
+        state = read_weights(directory / "model.safetensors")
     except (OSError, ValueError) as error:
         raise ConfigError(f"no usable {kind} head in {str(directory)!r}: {error}") from error
     if config.get("kind") != kind:
