@@ -33,6 +33,10 @@ class ModelError(ValueError):
 
 
 def first_line(error: object, empty: str | None = None) -> str:
-    """An error's message as one line for the user; with no message, `empty` (default: the error's type)."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else empty or type(error).__name__
+    """An error's message as one line for the user: its first line, or all its lines joined when the first ends in
+    a colon, which introduces the rest (transformers' "Couldn't instantiate the backend tokenizer from one of:" then
+    a list, which the first line alone cut off); with no message, `empty` (default: the error's type)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return empty or type(error).__name__
+    return " ".join(lines) if lines[0].endswith(":") else lines[0]

@@ -12,6 +12,7 @@ import pytest
 import specdecode.cli.main as cli_main
 from specdecode.api import SpecDecoder
 from specdecode.cli.main import main
+from specdecode.errors import first_line
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
 
 
@@ -329,3 +330,16 @@ def test_a_head_with_corrupt_weights_is_one_line_exit_2(drafter, tiny_model_dir,
                  "--max-new-tokens", "4", "Hi"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "model.safetensors is not a safetensors file" in lines[0], lines
+
+
+def test_a_head_directory_as_a_draft_model_is_one_whole_line(tiny_model_dir, tmp_path, capsys):
+    """transformers' tokenizer error is a first line ending "from one of:" and a list: the first line alone was the
+    message, cut off before the list. A message whose first line introduces the rest is joined into one."""
+    (tmp_path / "config.json").write_text("{}")  # a directory with no tokenizer, as a head's
+    assert main(["generate", "--model", tiny_model_dir, "--drafter", "draft-model", "--draft-model", str(tmp_path),
+                 "--max-new-tokens", "4", "Hi"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and not lines[0].endswith(":"), lines
+    listed = ValueError("from one of: \n(1) a file, \n(2) an instance.\n")
+    assert first_line(listed) == "from one of: (1) a file, (2) an instance."
+    assert first_line(ValueError("Not found.\nmore detail\n")) == "Not found."
