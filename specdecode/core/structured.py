@@ -23,7 +23,7 @@ import torch
 from specdecode.config import Structure
 from specdecode.core.drafting import Draft
 from specdecode.core.trees import children_of
-from specdecode.errors import ConfigError, StructureError, first_line
+from specdecode.errors import ConfigError, StructureError
 
 # JSON is laid out as json.dumps writes it ({"a": 1, "b": [2, 3]}): one layout, so separators are forced tokens,
 # and a model cannot loop on whitespace (flexible whitespace lets it emit newlines until max_tokens). A schema's own
@@ -308,7 +308,8 @@ def _path(parents: list[int], node: int) -> list[int]:
 def _why(error: object) -> str:
     """The grammar engine's error as one line: its first, and where that ends in a colon (a regex's "regex parse
     error:", whose lines below draw the place), the line that says what is wrong ("error: unclosed group")."""
-    line = first_line(error, "unknown error")
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    line = lines[0] if lines else "unknown error"  # not first_line, which joins the drawing that follows a colon
     if line.endswith(":"):
         detail = next((rest.strip().removeprefix("error:").strip() for rest in str(error).splitlines()[1:]
                        if rest.strip().startswith("error:")), "")
