@@ -29,6 +29,7 @@ from specdecode.errors import ConfigError
 from specdecode.loading.formats import FLOAT_DTYPES
 from specdecode.loading.formats import describe as describe_weights
 from specdecode.loading.load import load_model, model_dtype
+from specdecode.paths import output_dir
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,7 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
     if config.threads is not None and config.threads <= 0:
         raise ConfigError(f"--threads must be a positive integer, got {config.threads}")
     _check_flags_used(config, names)
-    out = Path(config.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {config.out!r} exists and is not a directory")
-    try:  # last: nothing is created when another check fails; a run never ends unable to write its results
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"cannot create --out {config.out!r}: {error.strerror or error}") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"--out {config.out!r} is not writable")
+    output_dir(config.out, "--out")  # last: nothing is created when another check fails
     return questions, names
 
 

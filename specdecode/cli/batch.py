@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import os
 import sys
 import time
 from collections import Counter
@@ -19,6 +18,7 @@ from typing import BinaryIO
 from specdecode.cli.commands import COMMANDS
 from specdecode.cli.serve import add_server_args, serve_config
 from specdecode.errors import ConfigError
+from specdecode.paths import output_file
 from specdecode.server.batch import BatchLines, index_lines, run_batch
 from specdecode.server.protocol.batch_file import FileBytes, begins_result, result_text, results_done
 from specdecode.server.service import build_service
@@ -79,15 +79,9 @@ def _check_output(output: str, source: Path) -> None:
     output a mistyped flag would not reach is truncated)."""
     if output == "-":
         return
-    path = Path(output)
-    if path.is_dir():
-        raise ConfigError(f"--output {output!r} is a folder; name a file in it")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--output {output!r}: its folder does not exist")
+    path = output_file(output, "--output")
     if path.exists() and path.samefile(source):
         raise ConfigError(f"--output {output!r} is the --input file (its lines are read again as they are sent)")
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise ConfigError(f"--output {output!r} cannot be written (no permission)")
 
 
 def _resume(output: Path, lines: BatchLines) -> int:

@@ -18,6 +18,7 @@ from specdecode.config import GenerationConfig
 from specdecode.drafters import registry
 from specdecode.errors import ConfigError
 from specdecode.loading.load import parse_dtype
+from specdecode.paths import output_dir, output_file
 
 
 def register_fastpath(subparsers, name: str = "bench-fastpath"):
@@ -59,11 +60,7 @@ def cmd_fastpath(args) -> int:
     if args.backend not in torch._dynamo.list_backends(exclude_tags=()):
         raise ConfigError(f"unknown --backend {args.backend!r}; choose from: "
                           f"{', '.join(torch._dynamo.list_backends(exclude_tags=()))}")
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"cannot create --out {args.out!r}: {error.strerror or error}") from None
+    out = output_dir(args.out, "--out")
     report = fastpath.run(args.model, args.random_config, args.device, args.dtype, drafters, args.max_new_tokens,
                  qs=qs, backend=args.backend)
     stem = f"{args.random_config or 'default'}-{args.backend}"
@@ -98,6 +95,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
         text = Path(args.text).read_text(encoding="utf-8") if args.text else quality.shipped_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read --text {args.text!r}: {error}") from None
+    if args.out is not None:  # before the measurement, not after it
+        output_file(args.out, "--out")
     skipped = quality.llamacpp_skipped(args.model, formats)
     if skipped:  # as the bench's llamacpp method: one line, the other rows run, named or not
         print(f"specdecode bench-quality: {skipped}", file=sys.stderr)
@@ -146,14 +145,13 @@ def cmd_structured(args: argparse.Namespace) -> int:
         tasks = structured.first_of_each(structured.load_tasks(args.tasks), args.limit)
     except OSError as error:
         raise ConfigError(f"cannot read --tasks {args.tasks!r}: {error.strerror or error}") from None
+    out = output_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)
     target, engines = structured.build_engines(args.model, drafters, args.k, args.draft_model)
     rows = structured.summarise(structured.run(engines, target, tasks, args.max_new_tokens,
                                                progress=not args.no_progress))
     table = structured.markdown(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     (out / "report.md").write_text(table + "\n")
     print(table)

@@ -17,6 +17,7 @@ from specdecode.cli.args import device_arg
 from specdecode.cli.commands import COMMANDS
 from specdecode.drafters.common.eagle3_format import LAYOUTS
 from specdecode.errors import ConfigError
+from specdecode.paths import output_dir
 from specdecode.train.data import DataConfig
 from specdecode.train.run import TrainJob, run_job
 from specdecode.train.trainer import TrainConfig
@@ -90,13 +91,9 @@ def _validate(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
-    for flag, value in (("--out", args.out), ("--data", args.data)):
-        if value is not None and Path(value).exists() and not Path(value).is_dir():
-            raise ConfigError(f"{flag} {value!r} exists and is not a directory")
-    try:  # before the model loads and data is generated, not after
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"cannot create --out {args.out!r}: {error.strerror or error}") from None
+    if args.data is not None and Path(args.data).exists() and not Path(args.data).is_dir():
+        raise ConfigError(f"--data {args.data!r} exists and is not a directory")
+    output_dir(args.out, "--out")  # before the model loads and data is generated, not after
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -72,3 +72,16 @@ def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
     assert main(["bench-structured", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_unwritable_out_is_refused_before_any_task_runs(tmp_path, monkeypatch, capsys):
+    """--out an existing file, or a folder that cannot be made: one line before the model loads, where every task
+    ran and then out.mkdir failed with a traceback."""
+    monkeypatch.setattr(bench, "build_engines", lambda *a: pytest.fail("loaded before --out was checked"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out, message in ((a_file, "exists and is not a directory"), ("/proc/x", "cannot create --out"),
+                         ("", "--out is empty")):
+        assert main(["bench-structured", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
