@@ -8,7 +8,7 @@ import sys
 
 from specdecode.bench.harness import BenchConfig, benchmark
 from specdecode.bench.methods import SCHEDULES, available
-from specdecode.cli.commands import COMMANDS
+from specdecode.cli.commands import COMMANDS, threads_arg
 from specdecode.config import DRAFT_WEIGHTS, WEIGHTS, DrafterConfig, FastPathConfig, ModelConfig
 
 
@@ -66,7 +66,8 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="specdecode methods on the fast path (static cache + torch.compile); "
                              "default on for cuda, off on cpu")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
+    parser.add_argument("--threads", type=threads_arg, default=None,
+                        help="CPU threads for torch, at most the machine's cores (default: torch's own)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up call per method")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(func=cmd_bench)

@@ -13,10 +13,10 @@ import torch
 from specdecode.bench import fastpath, quality, structured
 from specdecode.bench.passcost import RANDOM_CONFIGS
 from specdecode.cli.args import device_arg
-from specdecode.cli.commands import COMMANDS
+from specdecode.cli.commands import COMMANDS, flag, threads_arg
 from specdecode.config import GenerationConfig
-from specdecode.drafters import registry
-from specdecode.errors import ConfigError
+from specdecode.drafters import check_options_read, registry
+from specdecode.errors import ConfigError, OptionError
 from specdecode.loading.load import parse_dtype
 from specdecode.paths import output_dir, output_file
 
@@ -124,7 +124,8 @@ def register_structured(subparsers, name: str = "bench-structured") -> argparse.
     parser.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=256, help="room for the longest shipped answer")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's own)")
+    parser.add_argument("--threads", type=threads_arg, default=None,
+                        help="CPU threads for torch, at most the machine's cores (default: torch's own)")
     parser.add_argument("--out", default="out/bench-structured", help="results.json and report.md go here")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=cmd_structured)
@@ -137,14 +138,22 @@ def cmd_structured(args: argparse.Namespace) -> int:
     unknown = [d for d in drafters if d not in registry()]
     if unknown:
         raise ConfigError(f"unknown drafter {unknown[0]!r}; choose from: {', '.join(registry())}")
-    for flag, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit or 1),
-                        ("--threads", args.threads or 1)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    for name, value in (("--k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--limit", args.limit)):
+        if value is not None and value < 1:  # --limit 0 left no task to run
+            raise ConfigError(f"{name} must be a positive integer, got {value}")
+    try:  # read as generate checks it: a --draft-model that no chosen drafter reads would be ignored
+        check_options_read({"draft_model": args.draft_model is not None}, drafters)
+    except OptionError as error:
+        raise ConfigError(error.spelled(lambda name: "--drafters" if name == "drafter" else flag(name))) from None
+    needing = [d for d in drafters if registry()[d].needs_draft_model]
+    if needing and args.draft_model is None:  # found before the target loads, not after
+        raise ConfigError(f"--drafters {needing[0]} needs --draft-model (a path, packaged name or hub id)")
     try:
         tasks = structured.first_of_each(structured.load_tasks(args.tasks), args.limit)
     except OSError as error:
         raise ConfigError(f"cannot read --tasks {args.tasks!r}: {error.strerror or error}") from None
+    if not tasks:  # the run warms up on the first task
+        raise ConfigError(f"--tasks {args.tasks!r} holds no tasks")
     out = output_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -5,6 +5,7 @@ importing all of them took 6.7 s of the 7.5 s `specdecode --help` took on the 2-
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from specdecode.errors import OptionError
@@ -57,3 +58,18 @@ def flag(option: str) -> str:
 def usage_error(error: Exception) -> str:
     """A library error as the command line says it: option names as flags."""
     return error.spelled(flag) if isinstance(error, OptionError) else str(error)
+
+
+def threads_arg(text: str) -> int:
+    """argparse type for --threads: a positive count no larger than this machine's cores (os.cpu_count). More
+    threads than cores do not run faster: torch's threads wait on each other, and a pass slows to a crawl."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of threads, got {text!r}")
+    cores = os.cpu_count() or 1
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"{value} threads is more than this machine's {cores} CPU cores")
+    return value

@@ -67,9 +67,19 @@ def test_run_on_the_tiny_model(tiny_target):
     (["--drafters", "nope"], "unknown drafter 'nope'"),
     (["--k", "0"], "--k must be a positive integer"),
     (["--tasks", "/no/such/file"], "cannot read --tasks"),
+    (["--limit", "0"], "--limit must be a positive integer, got 0"),  # was an IndexError: no task to warm up on
+    (["--threads", "0"], "expected a positive number of threads"),  # ran
+    (["--draft-model", "nosuch"], "--draft-model has no effect with --drafters none, prompt-lookup, suffix; it is "
+                                  "read by --drafters draft-model or eagle"),  # ran, the model never read
+    (["--drafters", "draft-model"], "--drafters draft-model needs --draft-model"),
 ])
-def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
-    assert main(["bench-structured", *argv]) == 2
+def test_bad_flags_are_one_line_and_exit_2(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "build_engines", lambda *a: pytest.fail("loaded before the flags were checked"))
+    try:
+        code = main(["bench-structured", *argv])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    assert code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
@@ -85,3 +95,12 @@ def test_unwritable_out_is_refused_before_any_task_runs(tmp_path, monkeypatch, c
         assert main(["bench-structured", "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_a_tasks_file_with_no_task_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "build_engines", lambda *a: pytest.fail("loaded before --tasks was checked"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["bench-structured", "--tasks", str(empty), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--tasks '{empty}' holds no tasks" in err and err.count("\n") == 1, err

@@ -36,3 +36,16 @@ def test_an_unknown_command_is_one_line_and_exit_2(capsys):
         main(["bogus"])
     assert done.value.code == 2
     assert capsys.readouterr().err.strip().startswith("specdecode: error: argument command: invalid choice: 'bogus'")
+
+
+@pytest.mark.parametrize("name", ["bench", "bench-structured"])
+def test_threads_beyond_the_cores_are_one_line_and_exit_2(name, monkeypatch, capsys):
+    """More threads than cores was accepted, and a run on them crawled (torch's threads wait on each other)."""
+    monkeypatch.setattr("specdecode.cli.commands.os.cpu_count", lambda: 2)
+    for threads, message in (("3", "3 threads is more than this machine's 2 CPU cores"),
+                             ("0", "expected a positive number of threads, got '0'")):
+        with pytest.raises(SystemExit) as done:
+            main([name, "--threads", threads])
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
