@@ -22,6 +22,7 @@ from specdecode.bench import llamacpp
 from specdecode.config import ModelConfig
 from specdecode.core.target import Target
 from specdecode.core.trees import build_block
+from specdecode.errors import ConfigError
 from specdecode.loading.formats import FLOAT_DTYPES, QUANTIZED
 from specdecode.loading.load import load_model, model_dtype, resolve_weights
 
@@ -81,6 +82,8 @@ def measure(spec: str | None, formats: tuple[str, ...], text: str, max_tokens: i
         loaded = load_model(ModelConfig(spec, dtype="float32" if quantized else name,
                                         weights=name if quantized else "same"))
         ids = loaded.tokenizer(text)["input_ids"][:max_tokens]
+        if len(ids) < 2:  # a token scores the next one: with fewer, nothing is scored
+            raise ConfigError(f"the text is {len(ids)} token(s) long; scoring needs at least 2")
         argmax, nll = next_token_scores(loaded.model, ids)
         reference = argmax if reference is None else reference
         rows.append(_row(name, argmax, nll, reference))

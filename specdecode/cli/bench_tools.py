@@ -95,6 +95,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
         text = Path(args.text).read_text(encoding="utf-8") if args.text else quality.shipped_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read --text {args.text!r}: {error}") from None
+    if not text.strip():  # nothing to score: the measurement ended in a reshape error
+        raise ConfigError(f"--text {args.text!r} holds no text")
     if args.out is not None:  # before the measurement, not after it
         output_file(args.out, "--out")
     skipped = quality.llamacpp_skipped(args.model, formats)

@@ -51,6 +51,21 @@ def test_unwritable_out_is_refused_before_the_measurement(tmp_path, monkeypatch,
         assert message in err and err.count("\n") == 1, err
 
 
+def test_a_text_with_nothing_to_score_is_one_line(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """An empty --text is refused before a model loads, naming the file; a text of one token after the model's
+    tokenizer read it: both ended in a RuntimeError (cannot reshape a tensor of 0 elements)."""
+    empty, short = tmp_path / "empty.txt", tmp_path / "short.txt"
+    empty.write_text("  \n")
+    short.write_text("a")
+    assert main(["bench-quality", "--model", tiny_model_dir, "--formats", "float32", "--text", str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "the text is 1 token(s) long; scoring needs at least 2" in err and err.count("\n") == 1, err
+    monkeypatch.setattr("specdecode.bench.quality.measure", lambda *a: pytest.fail("measured an empty text"))
+    assert main(["bench-quality", "--formats", "float32", "--text", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert f"--text '{empty}' holds no text" in err and err.count("\n") == 1, err
+
+
 @pytest.fixture
 def fake_llama_cpp(tiny_model_dir, tmp_path, monkeypatch) -> dict:
     """A `llama_cpp` whose Llama scores every position with the tiny float32 model's own logits, as llama.cpp's
