@@ -10,18 +10,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from specdecode.config import ModelConfig
 from specdecode.core.target import Target
 from specdecode.drafters.common.eagle3_net import default_aux_layers
 from specdecode.drafters.common.nets import fast_bf16
-from specdecode.errors import ConfigError
+from specdecode.errors import ConfigError, first_line
 from specdecode.loading.load import load_model
 from specdecode.train.corpus import docstrings, text_files
 from specdecode.train.data import DataConfig, build_dataset
 from specdecode.train.features import FeatureData, choose_draft_vocab, compute_features, target_token_counts
 from specdecode.train.prompts import load_user_prompts
-from specdecode.train.trainer import CHECKPOINT, TrainConfig, Trainer
+from specdecode.train.trainer import CHECKPOINT, TrainConfig, Trainer, read_checkpoint
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,11 @@ def run_job(job: TrainJob) -> Path:
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(job.device)
+    checkpoint = out / CHECKPOINT
+    if checkpoint.exists() and not checkpoint.is_file():  # found now, not by the save after the training
+        raise ConfigError(f"{checkpoint} is not a checkpoint file; remove it, or give another --out")
+    state = read_checkpoint(checkpoint, job.train, device) if job.resume else None  # before the data is built
+    cached = _cached(job.data_dir)
     loaded = load_model(ModelConfig(job.model, device=job.device, dtype="float32", weights="same"))
     model, target = loaded.model, Target(loaded.model, loaded.tokenizer)
     for parameter in model.parameters():
@@ -62,7 +68,7 @@ def run_job(job: TrainJob) -> Path:
         if max(aux) >= target.num_layers:
             raise ConfigError(f"EAGLE-3 layers {list(aux)} must be below the target's {target.num_layers}")
         job = dataclasses.replace(job, train=dataclasses.replace(job.train, aux_layers=tuple(aux)))
-    data = _features(job, target, began)
+    data = cached if cached is not None else _features(job, target, began)
     if job.train.kind == "eagle3" and data.aux_layers != job.train.aux_layers:
         raise ConfigError(f"the data cache in {str(job.data_dir)!r} holds the states of layers "
                           f"{list(data.aux_layers)}, not the EAGLE-3 layers {list(job.train.aux_layers)}: give "
@@ -74,7 +80,7 @@ def run_job(job: TrainJob) -> Path:
     draft_ids, coverage = choose_draft_vocab(counts, job.draft_vocab, set(target.eos_ids))
     trainer = Trainer(job.train, model, data, draft_ids, out, device, max_len=job.data_config.max_len)
     if job.resume:
-        if trainer.resume():
+        if trainer.resume(state):
             print(f"resumed from {out / CHECKPOINT} at step {trainer.step}")
         else:
             print(f"no checkpoint in {out}; starting fresh")
@@ -91,12 +97,22 @@ def run_job(job: TrainJob) -> Path:
     return path
 
 
+def _cached(directory: Path) -> FeatureData | None:
+    """The data cached in `directory` (None: none there), read before the model loads: a cache that cannot be read
+    (a garbage safetensors header, a garbage meta.json) is one line naming it."""
+    if not FeatureData.exists(directory):
+        return None
+    print(f"reusing cached data in {directory}")
+    try:
+        return FeatureData.load(directory)
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:
+        raise ConfigError(f"the data cache in {str(directory)!r} cannot be read ({first_line(error)}): give another "
+                          "--data directory, or remove this one to build it again") from None
+
+
 def _features(job: TrainJob, target: Target, began: float) -> FeatureData:
-    """The cached data in job.data_dir, else built now: the target's answers to the prompts, plain texts, and
-    the target's hidden states over them (saved for later jobs)."""
-    if FeatureData.exists(job.data_dir):
-        print(f"reusing cached data in {job.data_dir}")
-        return FeatureData.load(job.data_dir)
+    """The data built now (none was cached): the target's answers to the prompts, plain texts, and the target's
+    hidden states over them (saved in job.data_dir for later jobs)."""
     model, device = target.model, target.device
     texts = [docstrings(package) for package in job.docstrings]
     if job.text:

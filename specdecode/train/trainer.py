@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pickle
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -25,10 +26,12 @@ from specdecode.drafters.common.nets import (
     fast_bf16,
 )
 from specdecode.drafters.medusa import medusa_paths
+from specdecode.errors import ConfigError, first_line
 from specdecode.train.features import FeatureData
 from specdecode.train.objectives import Batch, eagle3_loss, eagle_loss, medusa_loss, medusa_topk_accuracy
 
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_KEYS = ("net", "optimizer", "step", "elapsed", "history", "config")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,31 @@ class TrainConfig:
     trees: tuple[tuple[str, int], ...] = (("cpu", 3), ("cuda", 63))  # medusa: nodes per device (design-notes)
     layout: str = "sglang"  # eagle3: the shared layout the head is written in (eagle3_format.LAYOUTS)
     aux_layers: tuple[int, ...] = ()  # eagle3: the target layers fused (empty: default_aux_layers)
+
+
+def read_checkpoint(path: Path, config: TrainConfig, device=None) -> dict | None:
+    """The checkpoint at `path` to resume from (None: there is none), read and checked against `config` before the
+    model loads and the data is built: a file that is no checkpoint, or one of another kind of head or another
+    number of Medusa heads, is one line naming it, where it was a traceback once the data was built."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a checkpoint file; remove it, or give another --out")
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except (OSError, EOFError, ValueError, RuntimeError, pickle.UnpicklingError) as error:  # empty, cut or foreign
+        raise ConfigError(f"cannot resume from {path}: not a checkpoint ({first_line(error)}); remove it to start "
+                          "afresh") from None
+    if not isinstance(state, dict) or not all(key in state for key in CHECKPOINT_KEYS):
+        raise ConfigError(f"cannot resume from {path}: not a training checkpoint; remove it to start afresh")
+    saved = state["config"]
+    if saved.get("kind") != config.kind:
+        raise ConfigError(f"cannot resume from {path}: it holds a {saved.get('kind')} head, not {config.kind} "
+                          "(--kind); give another --out")
+    if config.kind == "medusa" and saved.get("num_heads") != config.num_heads:
+        raise ConfigError(f"cannot resume from {path}: it holds {saved.get('num_heads')} Medusa heads, not "
+                          f"{config.num_heads} (--heads)")
+    return state
 
 
 def make_net(config: TrainConfig, target_config, draft_ids: torch.Tensor) -> torch.nn.Module:
@@ -129,13 +157,19 @@ class Trainer:
         torch.save(state, tmp)
         tmp.replace(self.out / CHECKPOINT)
 
-    def resume(self) -> bool:
+    def resume(self, state: dict | None = None) -> bool:
+        """Continue from `state` (read_checkpoint's; None: read OUT/checkpoint.pt now) -> whether there was one. A
+        checkpoint whose shapes do not fit this head (another draft vocabulary, say) is one line naming it."""
         path = self.out / CHECKPOINT
-        if not path.is_file():
+        state = state if state is not None else read_checkpoint(path, self.config, self.device)
+        if state is None:
             return False
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        try:
+            self.net.load_state_dict(state["net"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise ConfigError(f"cannot resume from {path}: it does not fit this head ({first_line(error)}); give "
+                              "another --out") from None
         self.step, self.elapsed, self.history = state["step"], state["elapsed"], state["history"]
         return True
 

@@ -13,6 +13,7 @@ from specdecode.core.target import Target
 from specdecode.drafters import build_drafter
 from specdecode.drafters.common.eagle3_format import load_eagle3
 from specdecode.drafters.common.head_io import load_head
+from specdecode.errors import ConfigError
 from specdecode.train.corpus import TextSource
 from specdecode.train.data import DataConfig, build_dataset
 from specdecode.train.features import FeatureData, choose_draft_vocab, compute_features, target_token_counts
@@ -146,3 +147,50 @@ def test_cli_bad_input_is_one_line(argv, message, tiny_model_dir, tmp_path, caps
     code = main(["train", "--kind", "eagle", "--model", tiny_model_dir, "--out", str(tmp_path / "o"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def _checkpoint(path: Path, kind: str, heads: int = 4) -> None:
+    torch.save({"net": {}, "optimizer": {}, "step": 1, "elapsed": 0.0, "history": [],
+                "config": {"kind": kind, "num_heads": heads}}, path)
+
+
+@pytest.mark.parametrize("make, argv, message", [
+    (lambda p: p.write_text("garbage\n"), ["--resume"], "not a checkpoint"),  # was a ValueError
+    (lambda p: p.write_bytes(b""), ["--resume"], "not a checkpoint"),  # was an EOFError
+    (lambda p: _checkpoint(p, "medusa"), ["--resume"], "it holds a medusa head, not eagle (--kind)"),
+    (lambda p: _checkpoint(p, "medusa", heads=4), ["--resume", "--kind", "medusa", "--heads", "2"],
+     "it holds 4 Medusa heads, not 2 (--heads)"),  # these two were RuntimeErrors loading the state_dict
+    (lambda p: p.mkdir(), [], "is not a checkpoint file"),  # trained, then an IsADirectoryError at the save
+])
+def test_an_unusable_checkpoint_is_one_line_before_the_model_loads(make, argv, message, tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.setattr("specdecode.train.run.load_model", lambda *a: pytest.fail("loaded before the checkpoint"))
+    out = tmp_path / "o"
+    out.mkdir()
+    make(out / "checkpoint.pt")
+    assert main(["train", "--kind", "eagle", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(out / "checkpoint.pt") in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_checkpoint_that_does_not_fit_the_head_is_one_line(tiny_model, features, tmp_path):
+    trainer = _trainer("medusa", tiny_model, features, tmp_path, steps=1)
+    state = {"net": {"bogus": torch.zeros(1)}, "optimizer": {}, "step": 1, "elapsed": 0.0, "history": [],
+             "config": {"kind": "medusa", "num_heads": 4}}
+    with pytest.raises(ConfigError, match="it does not fit this head"):
+        trainer.resume(state)
+
+
+@pytest.mark.parametrize("broken, message", [("features.safetensors", "header too large"),
+                                             ("meta.json", "Expecting value")])
+def test_a_corrupt_data_cache_is_one_line_naming_it(broken, message, tmp_path, monkeypatch, capsys):
+    """A data cache whose files cannot be read was a SafetensorError or JSONDecodeError traceback."""
+    monkeypatch.setattr("specdecode.train.run.load_model", lambda *a: pytest.fail("loaded before the data cache"))
+    data = tmp_path / "data"
+    FeatureData(torch.zeros(4, dtype=torch.long), torch.tensor([0, 4]), torch.tensor([1]), torch.zeros(4, 8),
+                {}).save(data)
+    (data / broken).write_text("garbage" * 3)
+    assert main(["train", "--kind", "eagle", "--out", str(tmp_path / "o"), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert f"the data cache in '{data}' cannot be read" in err and message in err and "another --data" in err
+    assert len(err.strip().splitlines()) == 1, err
