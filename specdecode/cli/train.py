@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specdecode.cli.args import device_arg
-from specdecode.cli.commands import COMMANDS
+from specdecode.cli.commands import COMMANDS, flag
 from specdecode.drafters.common.eagle3_format import LAYOUTS
 from specdecode.errors import ConfigError
 from specdecode.paths import output_dir
@@ -52,10 +52,12 @@ def register(subparsers, name: str) -> None:
     train.add_argument("--max-minutes", type=float, default=0.0, help="training time budget (0 = none)")
     train.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch")
     train.add_argument("--lr", type=float, default=5e-4)
-    train.add_argument("--ttt-steps", type=int, default=3, help="eagle: unrolled training-time-test steps")
-    train.add_argument("--heads", type=int, default=4, help="medusa: number of heads")
-    train.add_argument("--layout", default="sglang", choices=LAYOUTS,
-                       help="eagle3: the head's layout on disk (SGLang/SpecForge, or vLLM speculators)")
+    train.add_argument("--ttt-steps", type=int, default=None,
+                       help="eagle, eagle3: unrolled training-time-test steps (default 3)")
+    train.add_argument("--heads", type=int, default=None, help="medusa: number of heads (default 4)")
+    train.add_argument("--layout", default=None, choices=LAYOUTS,
+                       help="eagle3: the head's layout on disk (SGLang/SpecForge, or vLLM speculators; default "
+                            "sglang)")
     train.add_argument("--aux-layers", type=_layers, default=(), metavar="L,M,H",
                        help="eagle3: the three target layers fused (default: 2, n/2, n-3 as vLLM and SGLang)")
     train.add_argument("--checkpoint-every", type=int, default=200)
@@ -73,21 +75,31 @@ def _layers(text: str) -> tuple[int, ...]:
     return layers
 
 
+# (option, the smallest value, whether it must be above it rather than at least it); each also finite: inf epochs
+# or lr would train forever or to NaN, an inf budget is no budget
+RANGES = (("num_prompts", 0, False), ("num_followups", 0, False), ("max_new_tokens", 0, True), ("gen_batch", 0, True),
+          ("max_len", 8, False), ("draft_vocab", 0, True), ("epochs", 0, True), ("batch_tokens", 0, True),
+          ("lr", 0, True), ("ttt_steps", 1, False), ("heads", 1, False), ("checkpoint_every", 1, False),
+          ("max_steps", 0, False), ("max_minutes", 0, False), ("gen_minutes", 0, False), ("text_tokens", 0, False),
+          ("temperature", 0, False))
+# the flags one kind of head reads, and the kinds that read them: given for another kind, they would do nothing
+KIND_FLAGS = (("heads", ("medusa",)), ("ttt_steps", ("eagle", "eagle3")), ("layout", ("eagle3",)),
+              ("aux_layers", ("eagle3",)))
+
+
 def _validate(args: argparse.Namespace) -> None:
-    positive = {"--num-prompts": args.num_prompts >= 0, "--num-followups": args.num_followups >= 0,
-                "--max-new-tokens": args.max_new_tokens > 0, "--gen-batch": args.gen_batch > 0,
-                "--max-len": args.max_len >= 8, "--draft-vocab": args.draft_vocab > 0, "--epochs": args.epochs > 0,
-                "--batch-tokens": args.batch_tokens > 0, "--lr": args.lr > 0, "--ttt-steps": args.ttt_steps >= 1,
-                "--heads": args.heads >= 1, "--checkpoint-every": args.checkpoint_every >= 1,
-                "--max-steps": args.max_steps >= 0, "--max-minutes": 0 <= args.max_minutes < math.inf,
-                "--gen-minutes": 0 <= args.gen_minutes < math.inf, "--text-tokens": args.text_tokens >= 0,
-                "--temperature": 0 <= args.temperature < math.inf}
-    positive.update({flag: ok and math.isfinite(value)  # inf epochs or lr would train forever or to NaN
-                     for flag, ok, value in (("--epochs", positive["--epochs"], args.epochs),
-                                             ("--lr", positive["--lr"], args.lr))})
-    bad = [flag for flag, ok in positive.items() if not ok]
+    bad = []
+    for name, low, above in RANGES:
+        value = getattr(args, name)
+        if value is not None and not ((value > low if above else value >= low) and math.isfinite(value)):
+            bad.append(f"{flag(name)} {value:g} (must be {'>' if above else '>='} {low}"
+                       + (", and finite)" if isinstance(value, float) else ")"))
     if bad:
-        raise ConfigError(f"invalid value for {', '.join(bad)}")
+        raise ConfigError(f"invalid value for {'; '.join(bad)}")
+    for name, kinds in KIND_FLAGS:
+        if getattr(args, name) not in (None, ()) and args.kind not in kinds:
+            raise ConfigError(f"{flag(name)} has no effect with --kind {args.kind}; it is read by --kind "
+                              f"{' or '.join(kinds)}")
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda requested but no CUDA device is available")
@@ -101,10 +113,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     data = DataConfig(num_prompts=args.num_prompts, num_followups=args.num_followups,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, temperature=args.temperature,
                       gen_minutes=args.gen_minutes, max_len=args.max_len, seed=args.seed, text_tokens=args.text_tokens)
+    given = {field: value for field, value in (("ttt_steps", args.ttt_steps), ("num_heads", args.heads),
+                                               ("layout", args.layout)) if value is not None}  # else TrainConfig's
     train = TrainConfig(kind=args.kind, epochs=args.epochs, max_steps=args.max_steps, max_minutes=args.max_minutes,
-                        batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, num_heads=args.heads,
-                        checkpoint_every=args.checkpoint_every, seed=args.seed, layout=args.layout,
-                        aux_layers=args.aux_layers)
+                        batch_tokens=args.batch_tokens, lr=args.lr, checkpoint_every=args.checkpoint_every,
+                        seed=args.seed, aux_layers=args.aux_layers, **given)
     packages = tuple(p.strip() for p in args.docstrings.split(",") if p.strip())
     run_job(TrainJob(train, args.out, args.model, args.data, args.device, args.resume, tuple(args.prompts),
                      tuple(args.text), packages, args.draft_vocab, data))

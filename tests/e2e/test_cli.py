@@ -108,7 +108,7 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["bench", "--head", "none=/nope", "--out", "/tmp/specdecode-cli-test-unused"], "--head expects DRAFTER=DIR"),
     (["bench", "--temperature", "inf", "--out", "/tmp/specdecode-cli-test-unused"], "temperature must be >= 0"),
     (["train", "--kind", "eagle", "--out", "/tmp/specdecode-cli-test-unused", "--max-steps", "-1", "--lr", "inf"],
-     "invalid value for --lr, --max-steps"),
+     "invalid value for --lr inf (must be > 0, and finite); --max-steps -1 (must be >= 0)"),
     (["train", "--kind", "eagle", "--out", "/tmp/specdecode-cli-test-unused", "--device", "foo"], "expected cpu, cuda"),
     (["bench-fastpath", "--device", "cpu", "--qs", "a"], "--qs expects comma-separated positive integers"),
     (["bench-fastpath", "--device", "cpu", "--qs", "0"], "--qs expects comma-separated positive integers"),

@@ -142,6 +142,13 @@ def test_cli_trains_end_to_end(tiny_model_dir, tmp_path, capsys):
     (["--epochs", "0"], "--epochs"),
     (["--docstrings", "no_such_package_xyz"], "not installed"),
     (["--prompts", "/nonexistent.jsonl"], "cannot read prompts"),
+    (["--kind", "medusa", "--heads", "0"], "invalid value for --heads 0 (must be >= 1)"),  # named the flag alone
+    # flags another kind of head reads: they were accepted and did nothing
+    (["--heads", "3"], "--heads has no effect with --kind eagle; it is read by --kind medusa"),
+    (["--layout", "speculators"], "--layout has no effect with --kind eagle; it is read by --kind eagle3"),
+    (["--aux-layers", "1,2,3"], "--aux-layers has no effect with --kind eagle; it is read by --kind eagle3"),
+    (["--kind", "medusa", "--ttt-steps", "2"], "--ttt-steps has no effect with --kind medusa; it is read by --kind "
+                                               "eagle or eagle3"),
 ])
 def test_cli_bad_input_is_one_line(argv, message, tiny_model_dir, tmp_path, capsys):
     code = main(["train", "--kind", "eagle", "--model", tiny_model_dir, "--out", str(tmp_path / "o"), *argv])
