@@ -126,6 +126,13 @@ def test_bad_input_is_one_line_exit_2(args, needle, capsys):
     assert len(lines) == 1 and needle in lines[0], stderr
 
 
+def test_an_unknown_backend_lists_the_backends_a_user_may_choose(capsys):
+    assert main(["bench-fastpath", "--device", "cpu", "--backend", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --backend 'bogus'; choose from: " in err and "inductor" in err and err.count("\n") == 1, err
+    assert "TESTING_ONLY" not in err  # torch's internal test backends were listed
+
+
 def test_bad_input_in_a_real_process():
     proc = run_cli("generate", "--k", "-3", "hi")
     assert proc.returncode == 2
