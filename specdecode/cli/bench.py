@@ -8,7 +8,7 @@ import sys
 
 from specdecode.bench.harness import BenchConfig, benchmark
 from specdecode.bench.methods import SCHEDULES, available
-from specdecode.cli.commands import COMMANDS, threads_arg
+from specdecode.cli.commands import COMMANDS, path_arg, threads_arg
 from specdecode.config import DRAFT_WEIGHTS, WEIGHTS, DrafterConfig, FastPathConfig, ModelConfig
 
 
@@ -19,8 +19,9 @@ def register(subparsers, name: str = "bench") -> argparse.ArgumentParser:
                     "and writes results.json, report.md and speedup.png to --out. Methods: "
                     + ", ".join(available(has_draft=True)) + ".",
     )
-    parser.add_argument("--prompts", default=None, help="Spec-Bench question JSONL (default: the built-in set)")
-    parser.add_argument("--out", default="out/bench", help="output directory (default: out/bench)")
+    parser.add_argument("--prompts", type=path_arg, default=None,
+                        help="Spec-Bench question JSONL (default: the built-in set)")
+    parser.add_argument("--out", type=path_arg, default="out/bench", help="output directory (default: out/bench)")
     parser.add_argument("--limit", type=int, default=None, help="prompts per category")
     parser.add_argument("--category", default=None, metavar="NAMES",
                         help="comma list of categories to run (default: all; the built-in opt-in category "

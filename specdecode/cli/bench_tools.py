@@ -13,7 +13,7 @@ import torch
 from specdecode.bench import fastpath, quality, structured
 from specdecode.bench.passcost import RANDOM_CONFIGS
 from specdecode.cli.args import device_arg
-from specdecode.cli.commands import COMMANDS, flag, threads_arg
+from specdecode.cli.commands import COMMANDS, flag, path_arg, threads_arg
 from specdecode.config import GenerationConfig
 from specdecode.drafters import check_options_read, registry
 from specdecode.errors import ConfigError, OptionError
@@ -30,7 +30,7 @@ def register_fastpath(subparsers, name: str = "bench-fastpath"):
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--drafters", default="prompt-lookup", help="comma list of drafters besides none")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--out", default="out/fastpath")
+    parser.add_argument("--out", type=path_arg, default="out/fastpath")
     parser.add_argument("--qs", default="1,4,16,64", help="verify-pass sizes to time")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, cudagraphs)")
     parser.set_defaults(func=cmd_fastpath)
@@ -78,9 +78,10 @@ def register_quality(subparsers, name: str = "bench-quality") -> argparse.Argume
     parser.add_argument("--formats", default=",".join(quality.FORMATS),
                         help=f"comma list of {', '.join(quality.FORMATS)} ({quality.LLAMACPP}: llama.cpp on the "
                              "model's GGUF, skipped with one line without llama-cpp-python)")
-    parser.add_argument("--text", default=None, help="UTF-8 text file (default: the shipped data/quality.txt)")
+    parser.add_argument("--text", type=path_arg, default=None,
+                        help="UTF-8 text file (default: the shipped data/quality.txt)")
     parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--out", default=None, help="write the rows as JSON here too")
+    parser.add_argument("--out", type=path_arg, default=None, help="write the rows as JSON here too")
     parser.set_defaults(func=cmd_quality)
     return parser
 
@@ -123,13 +124,15 @@ def register_structured(subparsers, name: str = "bench-structured") -> argparse.
     parser.add_argument("--drafters", default=",".join(structured.DEFAULT_DRAFTERS),
                         help="comma list of drafters, each run without and with grammar drafting (none first)")
     parser.add_argument("--draft-model", default=None, help="draft model, for the draft-model drafter")
-    parser.add_argument("--tasks", default=None, help="JSONL of tasks (default: the shipped data/structured.jsonl)")
+    parser.add_argument("--tasks", type=path_arg, default=None,
+                        help="JSONL of tasks (default: the shipped data/structured.jsonl)")
     parser.add_argument("--limit", type=int, default=None, help="first N tasks of each category")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=256, help="room for the longest shipped answer")
     parser.add_argument("--threads", type=threads_arg, default=None,
                         help="CPU threads for torch, at most the machine's cores (default: torch's own)")
-    parser.add_argument("--out", default="out/bench-structured", help="results.json and report.md go here")
+    parser.add_argument("--out", type=path_arg, default="out/bench-structured",
+                        help="results.json and report.md go here")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=cmd_structured)
     return parser

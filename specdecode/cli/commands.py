@@ -73,3 +73,11 @@ def threads_arg(text: str) -> int:
     if value > cores:
         raise argparse.ArgumentTypeError(f"{value} threads is more than this machine's {cores} CPU cores")
     return value
+
+
+def path_arg(text: str) -> str:
+    """argparse type for a file or folder flag: '' is refused, where it was read as the current folder (--out) or
+    as no path at all, so that the default (the shipped data, OUT/data) ran in its place."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got ''")
+    return text

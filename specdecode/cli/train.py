@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from specdecode.cli.args import device_arg
-from specdecode.cli.commands import COMMANDS, flag
+from specdecode.cli.commands import COMMANDS, flag, path_arg
 from specdecode.drafters.common.eagle3_format import LAYOUTS
 from specdecode.errors import ConfigError
 from specdecode.paths import output_dir
@@ -28,15 +28,17 @@ def register(subparsers, name: str) -> None:
     parser.add_argument("--kind", required=True, choices=["eagle", "eagle3", "medusa"])
     parser.add_argument("--model", default=None,
                         help="target: HF dir, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
-    parser.add_argument("--out", required=True, help="output directory (head, checkpoint, data cache)")
-    parser.add_argument("--data", default=None, help="data cache directory (default OUT/data); reused when present")
+    parser.add_argument("--out", type=path_arg, required=True, help="output directory (head, checkpoint, data cache)")
+    parser.add_argument("--data", type=path_arg, default=None,
+                        help="data cache directory (default OUT/data); reused when present")
     parser.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     data = parser.add_argument_group("data (used when the data cache is built)")
     data.add_argument("--num-prompts", type=int, default=2000, help="built-in training prompts answered by the target")
     data.add_argument("--num-followups", type=int, default=1000, help="stage-2 prompts built from those answers")
-    data.add_argument("--prompts", nargs="*", default=[], help="extra prompt files (.jsonl with turns/prompt, or text)")
-    data.add_argument("--text", nargs="*", default=[], help="extra plain-text files for hidden states")
+    data.add_argument("--prompts", type=path_arg, nargs="*", default=[],
+                      help="extra prompt files (.jsonl with turns/prompt, or text)")
+    data.add_argument("--text", type=path_arg, nargs="*", default=[], help="extra plain-text files for hidden states")
     data.add_argument("--docstrings", default="", help="comma-separated installed packages (permissive licence) "
                                                        "whose docstrings add plain text")
     data.add_argument("--text-tokens", type=int, default=200_000, help="cap on plain-text tokens per source")

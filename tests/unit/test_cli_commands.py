@@ -49,3 +49,21 @@ def test_threads_beyond_the_cores_are_one_line_and_exit_2(name, monkeypatch, cap
         assert done.value.code == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--kind", "eagle", "--out", ""],  # was the current folder
+    ["train", "--kind", "eagle", "--out", "o", "--data", ""],  # was OUT/data
+    ["train", "--kind", "eagle", "--out", "o", "--text", ""],
+    ["bench", "--out", ""], ["bench", "--prompts", ""],
+    ["bench-quality", "--text", ""],  # was the shipped text
+    ["bench-quality", "--out", ""],
+    ["bench-structured", "--tasks", ""],  # were the shipped tasks
+    ["bench-structured", "--out", ""], ["bench-fastpath", "--out", ""],
+])
+def test_an_empty_path_is_one_line_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[-2]}: expected a path, got ''" in err and err.count("\n") == 1, err
