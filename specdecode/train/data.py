@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -29,10 +30,18 @@ class Dataset:
     examples: list[Example] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     conversations: list[Conversation] = field(default_factory=list)  # generated chats, for inspection
+    dropped: Counter = field(default_factory=Counter)  # why prompts and texts added no example: reason -> how many
 
     def add_source(self, description: str) -> int:
         self.sources.append(description)
         return len(self.sources) - 1
+
+    def why_empty(self) -> str:
+        """What became of the sources when no example came of them, for the user: each reason a prompt or text was
+        dropped, with its count (it said "every source was empty" where the sources held prompts)."""
+        if not self.dropped:
+            return "no prompts or texts were given" if not self.sources else "the sources held no prompt or text"
+        return "; ".join(f"{count} {reason}" for reason, count in self.dropped.items())
 
     @property
     def num_tokens(self) -> int:
@@ -91,10 +100,15 @@ def self_distill(dataset: Dataset, model, tokenizer, conversations: list[Convers
                                 f", <= {max_new_tokens} new tokens)")
     answered: list[Conversation] = []
     for conversation, prompt, answer in zip(conversations, prompts, answers):
+        if answer is None:
+            dataset.dropped["prompts not answered within --gen-minutes"] += 1
+            continue
         if not answer:
+            dataset.dropped["prompts answered with no token"] += 1
             continue
         tokens = (prompt + answer)[:max_len]
         if len(prompt) + 2 > len(tokens):
+            dataset.dropped[f"prompts leaving no room for two answer tokens in --max-len {max_len}"] += 1
             continue
         dataset.examples.append(Example(tuple(tokens), len(prompt), source))
         chat = conversation + [{"role": "assistant",
@@ -116,6 +130,8 @@ def add_texts(dataset: Dataset, tokenizer, source: TextSource, window: int, max_
             buffer, added = buffer[window:], added + window
         if added >= max_tokens:
             break
+    if not added and source.texts:
+        dataset.dropped[f"text sources shorter than one window of {window} tokens"] += 1
     return added
 
 

@@ -124,7 +124,7 @@ def _features(job: TrainJob, target: Target, began: float) -> FeatureData:
                             set(target.eos_ids), target.pad_id, gen_model=gen_model)
     del gen_model
     if not dataset.examples:
-        raise ConfigError("no training data: every source was empty")
+        raise ConfigError(f"no training data: {dataset.why_empty()}")
     print(f"data: {len(dataset.examples)} sequences, {dataset.num_tokens} tokens ({time.monotonic() - began:.0f}s)")
     data = compute_features(model, dataset, keep_on=device if device.type == "cuda" else None,
                             aux_layers=job.train.aux_layers if job.train.kind == "eagle3" else ())

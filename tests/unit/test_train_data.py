@@ -52,6 +52,18 @@ def test_self_distilled_examples_train_on_the_answer_only():
     assert [(e.tokens, e.loss_start) for e in dataset.examples] == [((5, 6, 7, 11, 12, EOS), 3), ((8, 9, 14, EOS), 2)]
 
 
+def test_an_empty_dataset_says_why():
+    """Prompts whose answers do not fit --max-len are dropped, and the message says so: it said "every source was
+    empty" of prompts that had been answered."""
+    dataset = Dataset()
+    chats = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
+    self_distill(dataset, _Model(), _Tokenizer(), chats, "test", max_new_tokens=4, batch_size=2, temperature=0.0,
+                 eos_ids={EOS}, pad_id=PAD, deadline=None, max_len=3)
+    assert not dataset.examples
+    assert dataset.why_empty() == "2 prompts leaving no room for two answer tokens in --max-len 3"
+    assert Dataset().why_empty() == "no prompts or texts were given"
+
+
 def test_loss_positions_skip_prompt_and_padding():
     # one row: 5 real tokens (1 pad), answer from index 3: targets are tokens 3 and 4
     batch = Batch(torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 6, 4), torch.tensor([5]), torch.tensor([3]))
