@@ -70,6 +70,8 @@ def create_app(service: Service) -> FastAPI:
     app.state.service = service
     if service.config.allowed_hosts is not None:
         app.add_middleware(_HostCheck, allowed=service.config.allowed_hosts)
+    app.add_middleware(_Counting, count=lambda endpoint, status: service.metrics.requests.labels(endpoint,
+                                                                                                  status).inc())
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
@@ -119,15 +121,15 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=v1, openapi_extra=json_body(s.CompletionRequest))
     async def completions(request: Request) -> Response:
-        return await _counted(service, "completions", _handle(service, request, chat=False))
+        return await _handle(service, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=v1, openapi_extra=json_body(s.ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        return await _counted(service, "chat_completions", _handle(service, request, chat=True))
+        return await _handle(service, request, chat=True)
 
     @app.post("/v1/responses", dependencies=v1, openapi_extra=json_body(ResponsesRequest))
     async def responses(request: Request) -> Response:
-        return await _counted(service, "responses", _respond(service, request))
+        return await _respond(service, request)
 
     @app.get("/v1/responses/{response_id}", dependencies=v1)
     async def response(response_id: str) -> dict:
@@ -152,19 +154,19 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/v1/messages", dependencies=v1, openapi_extra=json_body(MessagesRequest))
     async def messages(request: Request) -> Response:
-        return await _counted(service, "messages", _message(service, request))
+        return await _message(service, request)
 
     @app.post("/v1/messages/count_tokens", dependencies=v1, openapi_extra=json_body(CountTokensRequest))
     async def count_tokens(request: Request) -> Response:
-        return await _counted(service, "count_tokens", _count_tokens(service, request))
+        return await _count_tokens(service, request)
 
     @app.post("/tokenize", dependencies=v1, openapi_extra=json_body(s.TokenizeRequest))
     async def tokenize(request: Request) -> Response:
-        return await _counted(service, "tokenize", _tokenize(service, request))
+        return await _tokenize(service, request)
 
     @app.post("/detokenize", dependencies=v1, openapi_extra=json_body(s.DetokenizeRequest))
     async def detokenize(request: Request) -> Response:
-        return await _counted(service, "detokenize", _detokenize(service, request))
+        return await _detokenize(service, request)
 
     @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
     async def openapi() -> JSONResponse:
@@ -178,10 +180,9 @@ def create_app(service: Service) -> FastAPI:
     async def redoc() -> Response:
         return get_redoc_html(openapi_url="/openapi.json", title="specdecode")
 
-    add_batch_routes(app, service.files, service.batches, v1, service.config.body_timeout_s,
-                     lambda endpoint, work: _counted(service, endpoint, work))
+    add_batch_routes(app, service.files, service.batches, v1, service.config.body_timeout_s)
     add_conversation_routes(app, service.conversations, v1, service.config.max_body_bytes,
-                            service.config.body_timeout_s, lambda endpoint, work: _counted(service, endpoint, work))
+                            service.config.body_timeout_s)
     add_playground(app)  # GET /: the page is public; its API calls carry the key the user types
     app.openapi = lambda: openapi_document(app, service)  # type: ignore[method-assign]
     return app
@@ -204,20 +205,6 @@ def _authorizer(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
 
     return authorize
 
-
-
-async def _counted(service: Service, endpoint: str, work) -> Response:
-    """Count the request's answer by status, whatever it is (an unexpected error becomes a 500)."""
-    try:
-        response = await work
-    except APIError as error:
-        service.metrics.requests.labels(endpoint, str(error.status)).inc()
-        raise
-    except Exception:
-        service.metrics.requests.labels(endpoint, "500").inc()
-        raise
-    service.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-    return response
 
 
 # -- one request -------------------------------------------------------------------------------------------------
@@ -479,3 +466,49 @@ class _HostCheck:
                 await JSONResponse(error.body(), status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+# a route's path -> its endpoint on /metrics (the first prefix that matches); the monitors' own routes go uncounted
+ENDPOINTS = (("/v1/completions", "completions"), ("/v1/chat/completions", "chat_completions"),
+             ("/v1/responses", "responses"), ("/v1/messages/count_tokens", "count_tokens"),
+             ("/v1/messages", "messages"), ("/v1/conversations", "conversations"), ("/v1/files", "files"),
+             ("/v1/batches", "batches"), ("/v1/models", "models"), ("/tokenize", "tokenize"),
+             ("/detokenize", "detokenize"), ("/openapi.json", "docs"), ("/docs", "docs"), ("/redoc", "docs"))
+UNCOUNTED = ("/health", "/metrics")
+
+
+class _Counting:
+    """ASGI middleware: every answer counted on /metrics by endpoint and status, whatever answered it (a route, the
+    router's 404 or 405, a dependency's 401, an error handler; an exception that escapes is the 500 it becomes).
+    Routes counting their own answers missed the GET and DELETE routes and every request no route took."""
+
+    def __init__(self, app, count: Callable[[str, str], None]):
+        self.app, self.count = app, count
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNCOUNTED:
+            await self.app(scope, receive, send)
+            return
+        status: list[int] = []
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            self.count(_endpoint(scope), "500")
+            raise
+        if status:
+            self.count(_endpoint(scope), str(status[0]))
+
+
+def _endpoint(scope) -> str:
+    """The endpoint a request's answer is counted under: its route's (the router put it in the scope), else
+    "unrouted" (a path or method no route takes)."""
+    path = getattr(scope.get("route"), "path", None)
+    if path is None:
+        return "unrouted"
+    return next((name for prefix, name in ENDPOINTS if path == prefix or path.startswith(prefix + "/")), "other")

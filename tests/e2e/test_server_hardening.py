@@ -367,3 +367,24 @@ def test_an_internal_error_is_counted_and_does_not_leak_its_text(server, monkeyp
     reply = _complete(server, {"prompt": "x", "max_tokens": 2})
     assert reply.status_code == 500 and "secret" not in reply.text
     assert _delta(before, _metrics(server), "specdecode_requests_total", endpoint="completions", status="500") == 1
+
+
+def test_every_answer_is_counted_whatever_route_or_none_answered_it(server):
+    """GET and DELETE routes, the router's 404 and 405 and a list query's 400 are counted by endpoint and status, as
+    the POST routes always were (they alone were counted); the monitors' own /health and /metrics are not."""
+    asked = [("GET", "/v1/models", "models"), ("GET", "/v1/models/nope", "models"),
+             ("GET", "/v1/files/nope", "files"), ("DELETE", "/v1/responses/nope", "responses"),
+             ("GET", "/v1/conversations/nope/items?limit=0", "conversations"), ("GET", "/v1/nope", "unrouted"),
+             ("PUT", "/v1/chat/completions", "chat_completions"), ("GET", "/health", None)]
+    before = _metrics(server)
+    answers = [(httpx.request(method, server.url + path, timeout=30).status_code, endpoint)
+               for method, path, endpoint in asked]
+    after = _metrics(server)
+    assert {status for status, _ in answers} >= {200, 400, 404, 405}
+    expected: dict[tuple[str, str], int] = {}
+    for status, endpoint in answers:
+        if endpoint is not None:
+            expected[endpoint, str(status)] = expected.get((endpoint, str(status)), 0) + 1
+    for (endpoint, status), count in expected.items():
+        assert _delta(before, after, "specdecode_requests_total", endpoint=endpoint, status=status) == count, endpoint
+    assert _delta(before, after, "specdecode_requests_total", endpoint="other", status="200") == 0

@@ -10,7 +10,6 @@ a 400 naming the flags, reading one a 404.
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,8 +22,6 @@ from specdecode.server.protocol.pages import PageQuery, page, page_query
 from specdecode.server.protocol.schemas import Metadata
 from specdecode.server.routes.responses import read_item
 from specdecode.server.stores.conversation_store import ITEMS_PER_REQUEST, Conversation, ConversationStore, TooLarge
-
-Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]
 
 
 class _Body(BaseModel):
@@ -45,9 +42,8 @@ class ItemsAdd(_Body):
 
 
 def add_conversation_routes(app: FastAPI, conversations: ConversationStore | None, dependencies: list,
-                            limit: int, timeout_s: float, counted: Counted) -> None:
-    """limit, timeout_s: a body's most bytes and the most its arrival may take; counted: counts each answer on
-    /metrics by endpoint and status."""
+                            limit: int, timeout_s: float) -> None:
+    """limit, timeout_s: a body's most bytes and the most its arrival may take."""
 
     async def body(request: Request, schema: type[_Body]) -> Any:
         require_json(request)
@@ -83,7 +79,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
 
     @app.post("/v1/conversations", dependencies=dependencies, openapi_extra=_json("ConversationCreate"))
     async def create_conversation(request: Request) -> Response:
-        return await counted("conversations", create(request))
+        return await create(request)
 
     @app.get("/v1/conversations/{conversation_id}", dependencies=dependencies)
     async def conversation(conversation_id: str) -> dict:
@@ -92,7 +88,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
     @app.post("/v1/conversations/{conversation_id}", dependencies=dependencies,
               openapi_extra=_json("ConversationUpdate"))
     async def update_conversation(conversation_id: str, request: Request) -> Response:
-        return await counted("conversations", update(request, conversation_id))
+        return await update(request, conversation_id)
 
     @app.delete("/v1/conversations/{conversation_id}", dependencies=dependencies)
     async def delete_conversation(conversation_id: str) -> dict:
@@ -103,7 +99,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
     @app.post("/v1/conversations/{conversation_id}/items", dependencies=dependencies,
               openapi_extra=_json("ItemsAdd"))
     async def add_items(conversation_id: str, request: Request) -> Response:
-        return await counted("conversations", add(request, conversation_id))
+        return await add(request, conversation_id)
 
     @app.get("/v1/conversations/{conversation_id}/items", dependencies=dependencies)
     async def list_items(conversation_id: str, request: Request) -> dict:

@@ -9,7 +9,7 @@ An upload is `multipart/form-data`, which a browser sends cross-origin without a
 """
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
@@ -26,7 +26,6 @@ from specdecode.server.stores.batches import ENDED, BatchCreate, Batches, BatchJ
 from specdecode.server.stores.file_store import PURPOSES, FileStore, StoredFile
 
 _Kept = TypeVar("_Kept", FileStore, Batches)
-Counted = Callable[[str, Awaitable[Response]], Awaitable[Response]]
 UPLOAD_OVERHEAD = 64 << 10  # a multipart body's bytes beyond the file's: boundaries, headers, the purpose field
 BATCH_BODY_BYTES = 64 << 10  # a batch's create body: ids, an endpoint and at most 16 metadata pairs
 FILES_PAGE, BATCHES_PAGE = 10_000, 100  # the most a list returns (OpenAI's bounds); BATCHES_PAGE's default is 20
@@ -40,13 +39,12 @@ CREATE_BODY = {"requestBody": {"required": True, "content": {"application/json":
 
 
 def add_batch_routes(app: FastAPI, files: FileStore | None, batches: Batches | None, dependencies: list,
-                     timeout_s: float, counted: Counted) -> None:
-    """timeout_s: the most an upload's or a create body's arrival may take; counted: counts each answer on /metrics
-    by endpoint and status."""
+                     timeout_s: float) -> None:
+    """timeout_s: the most an upload's or a create body's arrival may take."""
 
     @app.post("/v1/files", dependencies=dependencies, openapi_extra=UPLOAD_BODY)
     async def upload(request: Request) -> Response:
-        return await counted("files", _upload(request, _kept(files), timeout_s))
+        return await _upload(request, _kept(files), timeout_s)
 
     @app.get("/v1/files", dependencies=dependencies)
     async def list_files(request: Request) -> dict:
@@ -71,7 +69,7 @@ def add_batch_routes(app: FastAPI, files: FileStore | None, batches: Batches | N
 
     @app.post("/v1/batches", dependencies=dependencies, openapi_extra=CREATE_BODY)
     async def create_batch(request: Request) -> Response:
-        return await counted("batches", _create(request, _kept(batches), timeout_s))
+        return await _create(request, _kept(batches), timeout_s)
 
     @app.get("/v1/batches", dependencies=dependencies)
     async def list_batches(request: Request) -> dict:
