@@ -95,6 +95,8 @@ def test_items_are_added_listed_read_and_deleted(client):
      400, "items.0.content"),
     ("/v1/conversations", {"metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata"),
     ("/v1/conversations", {"name": "x"}, 400, "name"),
+    ("/v1/conversations", {"items": [{"role": "user", "content": "a", "id": "msg_x"},  # paging by it looped
+                                     {"role": "user", "content": "b", "id": "msg_x"}]}, 400, "items.1.id"),
     ("/v1/conversations/conv_none/items", {"items": [{"role": "user", "content": "x"}]}, 404, "conversation_id"),
     ("/v1/responses", {"model": MODEL, "input": "x", "conversation": "conv_none"}, 404, "conversation"),
 ])
@@ -194,3 +196,16 @@ def test_a_server_with_no_conversation_store_keeps_no_conversations(target):
         with pytest.raises(openai.BadRequestError, match="keeps none .*--conversation-store"):
             openai_client(running).responses.create(model=MODEL, input="x", conversation="conv_x",
                                                     max_output_tokens=2)
+
+
+def test_an_added_item_may_not_take_an_id_the_conversation_holds(server):
+    """An id already in the conversation is a 400 naming it: listing after that id named two items, and a client
+    paging through the conversation got the second one forever."""
+    first = {"role": "user", "content": "a", "id": "msg_x"}
+    made = httpx.post(server.url + "/v1/conversations", json={"items": [first]}, timeout=30).json()
+    items = [{"role": "user", "content": "b"}, {"role": "user", "content": "c", "id": "msg_x"}]
+    again = httpx.post(server.url + f"/v1/conversations/{made['id']}/items", json={"items": items}, timeout=30)
+    assert again.status_code == 400 and again.json()["error"]["param"] == "items.1.id", again.text
+    listed = httpx.get(server.url + f"/v1/conversations/{made['id']}/items", timeout=30).json()
+    assert [item["id"] for item in listed["data"]] == ["msg_x"]  # nothing of the refused request was added
+

@@ -66,7 +66,7 @@ def add_conversation_routes(app: FastAPI, conversations: ConversationStore | Non
         held, store = _held(conversations, conversation_id), _kept(conversations)
         req = await body(request, ItemsAdd)
         try:
-            items = store.add(held, _checked(req.items))
+            items = store.add(held, _checked(req.items, held.items))
         except TooLarge as error:
             raise too_large(error) from None
         return JSONResponse(page(items, PageQuery(len(items), newest_first=False, after=None), "items"))
@@ -126,10 +126,19 @@ def _json(name: str) -> dict:
         "$ref": f"#/components/schemas/{name}"}}}}}
 
 
-def _checked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The items, each read as a Responses input item (a 400 names the place of one that is not)."""
+def _checked(items: list[dict[str, Any]], held: list[dict] | tuple = ()) -> list[dict[str, Any]]:
+    """The items, each read as a Responses input item (a 400 names the place of one that is not), and each id a
+    client gives new to the conversation (`held`: its items) and to the request: a 400 names the repeated one. Two
+    items of one id made `after` in a listing name both, so paging by it returned the second forever."""
+    taken = {item["id"] for item in held}
     for i, raw in enumerate(items):
         read_item(raw, f"items.{i}")
+        given = raw.get("id")
+        if isinstance(given, str):
+            if given in taken:
+                raise bad_request(f"items.{i}.id {shown(given)} is already an item's id in this conversation",
+                                  f"items.{i}.id", "duplicate_id")
+            taken.add(given)
     return items
 
 
