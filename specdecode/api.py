@@ -124,11 +124,19 @@ class SpecDecoder:
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, min_p=min_p,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   repetition_penalty=repetition_penalty,
-                                  logit_bias=tuple((logit_bias or {}).items()))
+                                  logit_bias=_bias_pairs(logit_bias))
         structure = None if response_format is None else Structure.from_response_format(response_format)
         generation = GenerationConfig(max_new_tokens=max_new_tokens, structure=structure, logprobs=logprobs)
         _check_greedy(sampling)
         return self.engine.generate(self.encode(prompt, chat, suffix), sampling, self._middle(generation, suffix))
+
+
+def _bias_pairs(logit_bias: dict[int, float] | None) -> tuple:
+    """{token id: bias} as SamplingConfig's pairs; anything but a dict is a ConfigError (a list was an
+    AttributeError from inside)."""
+    if logit_bias is not None and not isinstance(logit_bias, dict):
+        raise ConfigError(f"logit_bias must be a dict {{token id: bias}}, got {type(logit_bias).__name__}")
+    return tuple((logit_bias or {}).items())
 
 
 def _check_prompt(prompt, chat) -> None:

@@ -94,6 +94,7 @@ def test_configs_refuse_wrong_types(config, needle):
     ("hi", dict(temperature=1.0, top_k=2.5), "top_k must be an integer"),
     ("hi", dict(temperature=1.0, seed=2**70), "seed must be in"),
     ("hi", dict(suffix=3), "suffix must be a string"),
+    ("hi", dict(logit_bias=[1, 2]), "logit_bias must be a dict"),  # an AttributeError once
     ("hi", dict(suffix=")", chat=True), "with a text prompt (not chat)"),
     ("hi", dict(suffix=")"), "no fill-in-the-middle tokens"),  # the tiny byte tokenizer has none
 ])
