@@ -182,8 +182,8 @@ def build_job(service: Service, req: s.CompletionRequest | s.ChatCompletionReque
     echo = isinstance(req, s.CompletionRequest) and bool(req.echo)
     prompt_only = echo and max_tokens == 0  # the prompt scored, nothing generated (an evaluation's loglikelihood)
     if max_tokens is not None and max_tokens <= 0 and not prompt_only:
-        raise bad_request(f"{param} must be a positive integer (0 only with echo), got {max_tokens}", param,
-                          "invalid_value")
+        with_echo = " (0 only with echo)" if isinstance(req, s.CompletionRequest) else ""  # completions' field
+        raise bad_request(f"{param} must be a positive integer{with_echo}, got {max_tokens}", param, "invalid_value")
     if room < 1:
         raise bad_request(f"the prompt ({len(prompt_ids)} tokens) leaves no room in the model's context of {context} "
                           "tokens", "messages" if isinstance(req, s.ChatCompletionRequest) else "prompt",

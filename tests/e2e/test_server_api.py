@@ -477,3 +477,13 @@ def test_oversized_body_is_413_whether_declared_or_streamed(server):
         assert reply.status_code == 413, reply.text
         assert reply.json()["error"]["code"] == "request_too_large"
     assert _state(server)["status"] == "ok"
+
+
+def test_a_zero_length_names_echo_only_where_the_request_has_it(server):
+    """max_tokens 0 is allowed with completions' echo alone: a chat request's 400 does not send its client to a
+    field it lacks (a Responses request with max_output_tokens 0 read the same)."""
+    chat = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 0,
+                                                                   "messages": [{"role": "user", "content": "hi"}]})
+    completion = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 0})
+    assert chat.status_code == completion.status_code == 400
+    assert "echo" not in chat.json()["error"]["message"] and "echo" in completion.json()["error"]["message"]
