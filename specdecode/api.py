@@ -139,6 +139,9 @@ def _bias_pairs(logit_bias: dict[int, float] | None) -> tuple:
     return tuple((logit_bias or {}).items())
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles the server takes (protocol/schemas.py)
+
+
 def _check_prompt(prompt, chat) -> None:
     if not isinstance(chat, bool):
         raise ConfigError(f"chat must be True or False, got {chat!r}")
@@ -150,6 +153,8 @@ def _check_prompt(prompt, chat) -> None:
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and isinstance(message.get("content"), str)):
             raise ConfigError(f"a chat message must be a dict with string 'role' and 'content', got {message!r:.80}")
+        if message["role"] not in ROLES:  # a template renders what it does not know as a user's turn, or drops it
+            raise ConfigError(f"a chat message's role must be one of {', '.join(ROLES)}, got {message['role']!r:.40}")
 
 
 def _check_greedy(sampling: SamplingConfig) -> None:

@@ -84,6 +84,7 @@ def test_configs_refuse_wrong_types(config, needle):
     ([], {}, "non-empty list of chat messages"),
     (["hi"], {}, "a chat message must be a dict"),
     ([{"role": "user"}], {}, "a chat message must be a dict with string 'role' and 'content'"),
+    ([{"role": "bogus", "content": "hi"}], dict(chat=True), "role must be one of"),  # the server's 400; ran here
     ("hi", dict(chat="yes"), "chat must be True or False"),
     ("hi", dict(max_new_tokens=2.5), "max_new_tokens must be an integer"),
     ("hi", dict(max_new_tokens=None), "max_new_tokens must be an integer"),
