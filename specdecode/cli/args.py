@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from specdecode.cli.commands import whole_number
 from specdecode.config import (
     DRAFT_WEIGHTS,
     WEIGHTS,
@@ -76,23 +77,11 @@ def _lookahead_triple(text: str) -> tuple[int, int, int]:
 
 
 def _positive_tokens(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, got {text!r}")
-    return value
+    return whole_number(text, 1, "a positive number of tokens")
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of tokens (0 or more), got {text!r}")
-    return value
+    return whole_number(text, 0, "a number of tokens (0 or more)")
 
 
 def device_arg(text: str) -> str:

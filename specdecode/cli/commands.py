@@ -60,15 +60,21 @@ def usage_error(error: Exception) -> str:
     return error.spelled(flag) if isinstance(error, OptionError) else str(error)
 
 
-def threads_arg(text: str) -> int:
-    """argparse type for --threads: a positive count no larger than this machine's cores (os.cpu_count). More
-    threads than cores do not run faster: torch's threads wait on each other, and a pass slows to a crawl."""
+def whole_number(text: str, least: int, what: str) -> int:
+    """An argparse type's integer of at least `least`; else one line naming `what` was expected."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of threads, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def threads_arg(text: str) -> int:
+    """argparse type for --threads: a positive count no larger than this machine's cores (os.cpu_count). More
+    threads than cores do not run faster: torch's threads wait on each other, and a pass slows to a crawl."""
+    value = whole_number(text, 1, "a positive number of threads")
     cores = os.cpu_count() or 1
     if value > cores:
         raise argparse.ArgumentTypeError(f"{value} threads is more than this machine's {cores} CPU cores")
