@@ -22,7 +22,7 @@ from specdecode.train.corpus import docstrings, text_files
 from specdecode.train.data import DataConfig, build_dataset
 from specdecode.train.features import FeatureData, choose_draft_vocab, compute_features, target_token_counts
 from specdecode.train.prompts import load_user_prompts
-from specdecode.train.trainer import CHECKPOINT, TrainConfig, Trainer, read_checkpoint
+from specdecode.train.trainer import CHECKPOINT, TrainConfig, Trainer, checkpoint_file, read_checkpoint
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,7 @@ def run_job(job: TrainJob) -> Path:
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(job.device)
-    checkpoint = out / CHECKPOINT
-    if checkpoint.exists() and not checkpoint.is_file():  # found now, not by the save after the training
-        raise ConfigError(f"{checkpoint} is not a checkpoint file; remove it, or give another --out")
+    checkpoint = checkpoint_file(out / CHECKPOINT)  # with or without --resume: the training saves there
     state = read_checkpoint(checkpoint, job.train, device) if job.resume else None  # before the data is built
     cached = _cached(job.data_dir)
     loaded = load_model(ModelConfig(job.model, device=job.device, dtype="float32", weights="same"))

@@ -55,14 +55,20 @@ class TrainConfig:
     aux_layers: tuple[int, ...] = ()  # eagle3: the target layers fused (empty: default_aux_layers)
 
 
+def checkpoint_file(path: Path) -> Path:
+    """`path`, where a checkpoint is read and written, checked to be a file or nothing: a folder there was found
+    only by the save after the training."""
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path} is not a checkpoint file; remove it, or give another --out")
+    return path
+
+
 def read_checkpoint(path: Path, config: TrainConfig, device=None) -> dict | None:
     """The checkpoint at `path` to resume from (None: there is none), read and checked against `config` before the
     model loads and the data is built: a file that is no checkpoint, or one of another kind of head or another
     number of Medusa heads, is one line naming it, where it was a traceback once the data was built."""
-    if not path.exists():
+    if not checkpoint_file(path).exists():
         return None
-    if not path.is_file():
-        raise ConfigError(f"{path} is not a checkpoint file; remove it, or give another --out")
     try:
         state = torch.load(path, map_location=device, weights_only=False)
     except (OSError, EOFError, ValueError, RuntimeError, pickle.UnpicklingError) as error:  # empty, cut or foreign
