@@ -20,6 +20,7 @@ from specdecode.cli.commands import COMMANDS
 from specdecode.errors import ConfigError
 from specdecode.server.app import create_app
 from specdecode.server.connections import ConnectionLimits, uvicorn_options
+from specdecode.server.heap import freeze_heap
 from specdecode.server.service import (
     AUTO_KV_SHARE,
     CONVERSATION_BYTES,
@@ -161,6 +162,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                                                                      service.metrics.count_rejected)))
         host, port = listener.getsockname()[:2]
         logging.getLogger("uvicorn.error").info(kv_summary(service))
+        logging.getLogger("uvicorn.error").info("Froze %s loaded objects: a full garbage collection walks only what "
+                                                "requests make (server/heap.py)", f"{freeze_heap():,}")
         logging.getLogger("uvicorn.error").info("Serving on http://%s:%d (Press CTRL+C to quit)",
                                                 f"[{host}]" if ":" in host else host, port)
         server.run(sockets=[listener])

@@ -41,6 +41,7 @@ from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableE
 from ray.serve.request_router import RequestRouter
 
 from specdecode.server.app import create_app
+from specdecode.server.heap import freeze_heap
 from specdecode.server.protocol.bodies import read_body
 from specdecode.server.protocol.errors import APIError
 from specdecode.server.service import ServerConfig, Service
@@ -187,6 +188,7 @@ class EngineReplica:
         torch.set_num_threads(threads)
         self.service = build()
         self.service.scheduler.start()  # the app's lifespan does this in the plain server; ASGI calls here skip it
+        freeze_heap()  # a replica is a process of its own: what it loaded stays out of the collector's walk
         self.app = create_app(self.service)
         context = serve.get_replica_context()
         self.rank = context.rank.rank if context.rank is not None else 0
