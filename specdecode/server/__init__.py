@@ -11,6 +11,6 @@ Its folders, lowest first (a folder imports only those below it):
 - routes/: the APIs beyond completions: Responses, Messages, Conversations, Files and Batches.
 Here: service.py (what `serve` builds, ServeConfig), jobs.py (a request's Job), app.py (the FastAPI app and its
 core routes; openapi.py describes them, playground.py serves GET / from static/), connections.py and
-background.py (uvicorn that an idle client cannot exhaust), replicas.py (Ray Serve), batch.py (`specdecode
-batch`, offline).
+background.py (uvicorn that an idle client cannot exhaust), heap.py (a serving process's loaded objects out of the
+collector's walk), replicas.py (Ray Serve), batch.py (`specdecode batch`, offline).
 """
