@@ -111,6 +111,9 @@ def _check_flags_used(config: BenchConfig, names: list[str]) -> None:
         "--suffix-store": (config.drafter.suffix_store is not None, {ours + "suffix", ours + "hybrid"}),
         "--draft-vocab": (config.drafter.draft_vocab is not None, {ours + "draft-model", ours + "hybrid"}),
         "--confidence": (config.confidence is not None, {ours + d for d in OPTION_READERS["confidence"]}),
+        # our drafting methods' K, and the assisted peers' draft length where --hf-draft-tokens does not set it
+        "--k": (config.k != BenchConfig.k, {ours + d for d in OPTION_READERS["k"]}
+                | (assisted if config.hf_draft_tokens is None else set())),
     }
     used.update({f"--head {drafter}=": (True, {ours + drafter})
                  for drafter, _ in methods_mod.parse_heads(list(config.heads))})

@@ -367,6 +367,12 @@ def test_cli_rejects_bad_input_before_loading_a_model(tmp_path, capsys):
     ("hf-early-exit", {"hf_assistant_schedule": "constant"}, None),
     ("hf-assisted", {"hf_assistant_schedule": "heuristic"}, None),
     (SAME_DRAFT, {"hf_assistant_schedule": "constant", "draft_weights": "same", "hf_draft_tokens": 4}, None),
+    # --k: our drafting methods, and the assisted peers' draft length unless --hf-draft-tokens sets it
+    ("specdecode-none", {"k": 4}, "--k has no effect on the chosen methods"),
+    ("hf-prompt-lookup", {"k": 4}, "--k has no effect"),
+    ("hf-early-exit", {"k": 4, "hf_draft_tokens": 3}, "--k has no effect"),
+    ("hf-early-exit", {"k": 4}, None),
+    ("specdecode-prompt-lookup", {"k": 4}, None),
 ])
 def test_peer_flags_need_a_method_that_reads_them(tmp_path, methods, flags, refused):
     """Checked before any model is loaded (the model paths point nowhere)."""

@@ -71,6 +71,9 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["bench", "--methods", "specdecode-none", "--draft-vocab", "8", "--out", "/tmp/specdecode-cli-test-unused"],
      "--draft-vocab has no effect on the chosen methods"),
     (["bench", "--draft-vocab", "-2", "--out", "/tmp/specdecode-cli-test-unused"], "--draft-vocab must be 0"),
+    (["bench", "--methods", "specdecode-none", "--k", "4", "--model", "/no/such/model", "--out",
+      "/tmp/specdecode-cli-test-unused"],  # was run, --k ignored, where generate's --drafter none refuses it
+     "--k has no effect on the chosen methods"),  # before a model loads: the model is not found after
     (["generate", "--weights", "int3", "hi"], "invalid choice"),
     (["generate", "--weights", "fp32", "--kv-cache-dtype", "fp16", "hi"], "an fp16 KV cache needs the native decoder"),
     (["bench", "--weights", "fp8"], "invalid choice"),
