@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -25,6 +26,7 @@ from specdecode.bench.runner import NEAR_TIE_EPS, BenchSettings, run_bench
 from specdecode.bench.summary import CONVENTIONS, summarise
 from specdecode.config import DrafterConfig, GenerationConfig, ModelConfig, SamplingConfig
 from specdecode.drafters import OPTION_READERS
+from specdecode.drafters.draft_model import HEADS, head_drafter
 from specdecode.errors import ConfigError
 from specdecode.loading.formats import FLOAT_DTYPES
 from specdecode.loading.formats import describe as describe_weights
@@ -94,6 +96,10 @@ def validate(config: BenchConfig) -> tuple[list, list[str]]:
     if config.threads is not None and config.threads <= 0:
         raise ConfigError(f"--threads must be a positive integer, got {config.threads}")
     _check_flags_used(config, names)
+    head = head_drafter(config.draft_model) if config.draft_model else None
+    if head is not None:  # load_bench_model would load it as a model (transformers' error about its tokenizer)
+        raise ConfigError(f"--draft-model {config.draft_model!r} is {HEADS[head]}, not a draft model: use --head "
+                          f"{head}={shlex.quote(config.draft_model)}")
     output_dir(config.out, "--out")  # last: nothing is created when another check fails
     return questions, names
 

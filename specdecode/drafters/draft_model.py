@@ -15,9 +15,12 @@ any request under the same system prompt (on a CPU a draft's prefill costs milli
 "draft-model"). Reusing them changes only which tokens are drafted, never the output."""
 from __future__ import annotations
 
+import json
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -27,6 +30,8 @@ from specdecode.core.pass_costs import ChainCostEstimate, measure_chain_costs
 from specdecode.core.prefix_rows import KeptRows, RowChoice
 from specdecode.core.target import Target
 from specdecode.drafters.common.base import DrafterSpec, RowStateDrafter
+from specdecode.drafters.common.eagle3_format import layout_of
+from specdecode.drafters.common.head_io import FORMAT as HEAD_FORMAT
 from specdecode.drafters.common.model_step import choose, feed_rows
 from specdecode.drafters.common.row_budget import ChainBudget, ChainWalk
 from specdecode.drafters.common.shortlist import ShortlistHead, shortlist_size
@@ -196,9 +201,39 @@ class _Chain:
         return Draft.chain(self.tokens, q)
 
 
+# the drafter that loads a trained head, by what its config.json says it is -> how a message names the head
+HEADS = {"eagle": "an EAGLE head", "medusa": "a Medusa head", "eagle3": "an EAGLE-3 head"}
+
+
+def head_drafter(spec: str) -> str | None:
+    """The drafter that loads `spec` when it is a trained head's directory (head_io's eagle / medusa, or an EAGLE-3
+    head in either shared layout), else None. Read from its config.json alone, before transformers is asked to load
+    it as a model: that failed on the tokenizer a head lacks, in a long message that said nothing of heads."""
+    try:
+        config = json.loads((Path(spec).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if layout_of(config) is not None:
+        return "eagle3"
+    kind = config.get("kind")
+    return kind if config.get("format") == HEAD_FORMAT and kind in ("eagle", "medusa") else None
+
+
+def _literal(text: str) -> str:
+    """`text` as it reads in an OptionError template, whose braces name options."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def _build(target: Target, config: DrafterConfig, spec: SpecConfig) -> DraftModel:
     if not config.draft_model:
         raise OptionError("{drafter} draft-model needs {draft_model} (a path, packaged name or hub id)", "drafter",
+                          "draft_model")
+    head = head_drafter(config.draft_model)
+    if head is not None:
+        raise OptionError(f"{_literal(repr(config.draft_model))} is {HEADS[head]}, not a draft model: use {{drafter}} "
+                          f"{head} {{draft_model}} {_literal(shlex.quote(config.draft_model))}", "drafter",
                           "draft_model")
     fmt = draft_format(config.draft_weights, target.device)
     dtype = str(target.dtype).removeprefix("torch.")

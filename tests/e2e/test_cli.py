@@ -12,8 +12,13 @@ import pytest
 import specdecode.cli.main as cli_main
 from specdecode.api import SpecDecoder
 from specdecode.cli.main import main
+from specdecode.drafters.common.eagle3_format import save_eagle3
+from specdecode.drafters.common.eagle3_net import Eagle3Net, Eagle3NetConfig
+from specdecode.drafters.common.head_io import SHIPPED_ROOT, fingerprint
 from specdecode.errors import first_line
 from tests.tiny import byte_tokenizer, save_tiny, tiny_llama
+
+HEADS = SHIPPED_ROOT / "smollm2-135m-instruct"  # the shipped EAGLE and Medusa heads
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -109,6 +114,9 @@ def other_tokenizer_dir(tmp_path_factory) -> str:
     (["bench", "--methods", "specdecode-none", "--head", "eagle=/nope", "--out", "/tmp/specdecode-cli-test-unused"],
      "--head eagle= has no effect"),
     (["bench", "--head", "none=/nope", "--out", "/tmp/specdecode-cli-test-unused"], "--head expects DRAFTER=DIR"),
+    (["bench", "--draft-model", str(HEADS / "medusa"), "--model", "/no/such/model", "--out",
+      "/tmp/specdecode-cli-test-unused"], f"--draft-model {str(HEADS / 'medusa')!r} is a Medusa head, not a draft "
+     f"model: use --head medusa={HEADS / 'medusa'}"),  # before a model loads (transformers' tokenizer error after)
     (["bench", "--temperature", "inf", "--out", "/tmp/specdecode-cli-test-unused"], "temperature must be >= 0"),
     (["train", "--kind", "eagle", "--out", "/tmp/specdecode-cli-test-unused", "--max-steps", "-1", "--lr", "inf"],
      "invalid value for --lr inf (must be > 0, and finite); --max-steps -1 (must be >= 0)"),
@@ -353,3 +361,40 @@ def test_a_head_directory_as_a_draft_model_is_one_whole_line(tiny_model_dir, tmp
     listed = ValueError("from one of: \n(1) a file, \n(2) an instance.\n")
     assert first_line(listed) == "from one of: (1) a file, (2) an instance."
     assert first_line(ValueError("Not found.\nmore detail\n")) == "Not found."
+
+
+def _eagle3_head(directory, layout: str, target) -> str:
+    """An untrained EAGLE-3 head for `target` as `specdecode train --kind eagle3 --layout LAYOUT` writes it."""
+    vocab = target.config.vocab_size
+    save_eagle3(directory, Eagle3Net(Eagle3NetConfig.from_target(target.config, vocab, vocab)), layout,
+                {"name_or_path": "tiny"}, {"target": fingerprint(target)})
+    return str(directory)
+
+
+@pytest.mark.parametrize("head, says", [
+    ("eagle", "is an EAGLE head, not a draft model: use --drafter eagle --draft-model"),
+    ("medusa", "is a Medusa head, not a draft model: use --drafter medusa --draft-model"),
+    ("sglang", "is an EAGLE-3 head, not a draft model: use --drafter eagle3 --draft-model"),
+    ("speculators", "is an EAGLE-3 head, not a draft model: use --drafter eagle3 --draft-model"),
+])
+def test_a_trained_head_as_a_draft_model_names_the_drafter_that_loads_it(head, says, tiny_model, tiny_model_dir,
+                                                                          tmp_path, capsys):
+    """A head's directory given to the draft-model drafter was transformers' long error about a tokenizer it could
+    not build; its config.json says what it is, and so does the one line."""
+    directory = str(HEADS / head) if head in ("eagle", "medusa") else _eagle3_head(tmp_path, head, tiny_model)
+    assert main(["generate", "--model", tiny_model_dir, "--drafter", "draft-model", "--draft-model", directory,
+                 "--max-new-tokens", "4", "Hi"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"specdecode: error: {directory!r} {says} {directory}"], lines
+
+
+@pytest.mark.parametrize("command", [["generate", "--max-new-tokens", "4", "Hi"],
+                                     ["batch", "--drafter", "hybrid", "-i", __file__, "-o", "-"]])
+def test_a_trained_head_as_the_auto_or_served_draft_model_is_one_line(command, tiny_model_dir, capsys):
+    """`auto` with a draft model (hybrid on the CPU) and the server's drafters (batch: serve's build_service) load
+    it as the draft-model drafter does."""
+    directory = str(HEADS / "eagle")
+    assert main([*command, "--model", tiny_model_dir, "--draft-model", directory]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"is an EAGLE head, not a draft model: use --drafter eagle --draft-model {directory}" \
+        in lines[0], lines
