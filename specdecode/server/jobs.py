@@ -10,7 +10,7 @@ from specdecode.core.infill import infill_prompt
 from specdecode.core.penalties import check_bias
 from specdecode.errors import ConfigError
 from specdecode.server.protocol import schemas as s
-from specdecode.server.protocol.errors import APIError, bad_request, shown
+from specdecode.server.protocol.errors import APIError, bad_request, empty_content, shown
 from specdecode.server.protocol.tools import ToolError, ToolUse, template_messages, tool_use
 from specdecode.server.scheduling.scheduler import NO_SPECULATION, Job
 from specdecode.server.service import Service
@@ -85,6 +85,8 @@ def _encode_chat(service: Service, req: s.ChatCompletionRequest, tools: ToolUse)
     for i, m in enumerate(req.messages):
         if m.content is None and m.role != "assistant":
             raise bad_request(f"a {m.role} message needs content", f"messages.{i}.content", "invalid_value")
+        if m.content == []:
+            raise empty_content(f"messages.{i}.content", "text part")
     # OpenAI's "developer" role is its newer name for "system"; a template that does not know it gets "system"
     developer = "developer" if "developer" in str(tokenizer.chat_template) else "system"
     try:
@@ -194,7 +196,10 @@ def build_job(service: Service, req: s.CompletionRequest | s.ChatCompletionReque
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4:
         raise bad_request("at most 4 stop sequences are allowed", "stop", "invalid_value")
-    stops, kept = tuple(x for x in stop if x), bool(req.include_stop_str_in_output)
+    if "" in stop:  # it was dropped without a word; the library refuses it too (GenerationConfig)
+        raise bad_request("stop sequences must not be empty strings: an empty one matches everywhere and would end "
+                          "every text at once", "stop", "invalid_value")
+    stops, kept = tuple(stop), bool(req.include_stop_str_in_output)
     vocab = service.target.vocab_size
     if any(not 0 <= token < vocab for token in req.stop_token_ids or ()):
         raise bad_request(f"stop_token_ids must be token ids in [0, {vocab})", "stop_token_ids", "invalid_value")

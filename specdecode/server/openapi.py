@@ -91,8 +91,9 @@ def openapi_document(app: FastAPI, service: Service) -> dict:
 
 def _request_schemas(service: Service) -> dict[str, dict]:
     """The request models' JSON schemas, narrowed to what this server accepts (anything else is a 4xx): its model
-    name and drafters, max_tokens within the context, at most 4 stop strings, unimplemented fields only at their
-    neutral values. Schema-driven clients and fuzzers then know which requests decode."""
+    name and drafters, max_tokens within the context, at most 4 stop strings (none empty), content arrays of at least
+    one part, unimplemented fields only at their neutral values. Schema-driven clients and fuzzers then know which
+    requests decode."""
     bodies = (s.CompletionRequest, s.ChatCompletionRequest, s.TokenizeRequest, s.DetokenizeRequest, ResponsesRequest,
               MessagesRequest, CountTokensRequest)
     _, defs = models_json_schema([(body, "validation") for body in (*bodies, *INPUT_ITEMS, *BLOCKS)],
@@ -100,7 +101,7 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     schemas = defs["$defs"]
     blocks = {"anyOf": [{"$ref": f"#/components/schemas/{block.__name__}"} for block in BLOCKS]}
     schemas["Message"]["properties"]["content"] = {  # read block by block (Message.blocks)
-        "anyOf": [{"type": "string"}, {"type": "array", "items": blocks}]}
+        "anyOf": [{"type": "string"}, {"type": "array", "items": blocks, "minItems": 1}]}
     items = {"anyOf": [{"$ref": f"#/components/schemas/{item.__name__}"} for item in INPUT_ITEMS]}
     schemas["ResponsesRequest"]["properties"]["input"] = {  # read item by item (ResponsesRequest.items)
         "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": items, "minItems": 1}]}
@@ -109,14 +110,15 @@ def _request_schemas(service: Service) -> dict[str, dict]:
         properties = schemas[model.__name__]["properties"]
         for name, values in model.accepted_values().items():
             properties[name] = {"enum": [None, *values]}
+    stop = {"type": "string", "minLength": 1}  # an empty stop string is a 400 (it would match everywhere)
+    schemas["MessagesRequest"]["properties"]["stop_sequences"]["anyOf"][0]["items"] = stop
     tokens = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": service.target.max_positions - 1},
                         {"type": "null"}]}
     for model in bodies:
         schemas[model.__name__]["properties"]["model"] = {"type": "string", "enum": [service.config.model_name]}
     for model in (s.CompletionRequest, s.ChatCompletionRequest):
         properties = schemas[model.__name__]["properties"]
-        properties["stop"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
-                                                              "maxItems": 4}, {"type": "null"}]}
+        properties["stop"] = {"anyOf": [stop, {"type": "array", "items": stop, "maxItems": 4}, {"type": "null"}]}
         for name in ("max_tokens", "max_completion_tokens"):
             if name in properties:
                 properties[name] = tokens
@@ -142,6 +144,10 @@ def _request_schemas(service: Service) -> dict[str, dict]:
     message["required"] = [*message.get("required", []), "content"]
     content = message["properties"]["content"]
     content["anyOf"] = [option for option in content["anyOf"] if option != {"type": "null"}]
+    for parts in (content, schemas["InputMessage"]["properties"]["content"]):  # an empty content array is a 400
+        for option in parts["anyOf"]:
+            if option.get("type") == "array":
+                option["minItems"] = 1
     return schemas
 
 

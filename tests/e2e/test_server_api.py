@@ -327,6 +327,39 @@ def test_malformed_chat_requests(server, body, param):
     assert "\n" not in reply.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path,fields", [
+    ("/v1/completions", {"prompt": "x", "stop": ""}),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", ""]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": ""}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stop": [""]}),
+], ids=["completions-str", "completions-list", "chat-str", "chat-list"])
+def test_an_empty_stop_string_is_a_400_naming_stop(server, path, fields):
+    """An empty stop string matches everywhere: it was dropped without a word, where the library refuses it."""
+    reply = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 2, **fields})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "stop", "invalid_value")
+    assert "empty" in error["message"] and "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([{"role": "user", "content": []}], "messages.0.content"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}, {"role": "user", "content": "again"}],
+     "messages.1.content"),
+], ids=["user", "assistant"])
+def test_an_empty_content_array_is_a_400_naming_the_message(server, messages, param):
+    """OpenAI refuses a content array of no parts; it was read as an empty text. An empty string stays a text."""
+    for path in ("/v1/chat/completions", "/tokenize"):
+        reply = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 2, "messages": messages})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["param"], error["code"]) == (param, "invalid_value")
+        assert "empty" in error["message"] and "\n" not in error["message"]
+    emptied = [{**m, "content": ""} if m["content"] == [] else m for m in messages]
+    reply = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": emptied})
+    assert reply.status_code == 200, reply.text
+
+
 def test_unsupported_fields_at_their_neutral_value_are_accepted(server):
     body = {"model": MODEL, "messages": [{"role": "assistant", "content": None}, {"role": "user", "content": "hi"}],
             "max_tokens": 2, "max_completion_tokens": 2, "temperature": 0, "logprobs": False, "modalities": ["text"],

@@ -266,6 +266,18 @@ def test_openapi_declares_both_request_bodies(server):
     assert refs <= set(schemas)
 
 
+def test_openapi_tells_that_empty_stop_strings_and_content_arrays_are_refused(server):
+    """Both are a 400: a schema-driven client or fuzzer that follows the schema should not send them."""
+    schemas = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        text, array, _ = schemas[name]["properties"]["stop"]["anyOf"]
+        assert text["minLength"] == array["items"]["minLength"] == 1
+    assert schemas["MessagesRequest"]["properties"]["stop_sequences"]["anyOf"][0]["items"]["minLength"] == 1
+    for name in ("ChatMessage", "Message", "InputMessage"):
+        arrays = [part for part in schemas[name]["properties"]["content"]["anyOf"] if part.get("type") == "array"]
+        assert arrays and all(part["minItems"] == 1 for part in arrays)
+
+
 # -- serve flags -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv,env,key", [([], None, None), ([], "from-env", "from-env"),
                                           (["--api-key", "from-flag"], "from-env", "from-flag")])

@@ -202,3 +202,26 @@ def test_what_the_server_does_not_implement_is_a_400_naming_the_field(server, fi
     error = reply.json()["error"]
     assert error["param"] == param and "\n" not in error["message"]
     assert "max_completion_tokens" not in error["message"] and "response_format" not in error["message"]
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"stop_sequences": [""]}, "stop_sequences"),
+    ({"stop_sequences": ["a", ""]}, "stop_sequences"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": ASK}, {"role": "assistant", "content": []},
+                   {"role": "user", "content": ASK}]}, "messages.1.content"),
+], ids=["stop", "stop-second", "user-content", "assistant-content"])
+def test_an_empty_stop_sequence_or_content_array_is_a_400_naming_the_field(server, fields, param):
+    """An empty stop sequence (it matches everywhere) and a message of no blocks were each accepted, the first
+    dropped without a word, the second read as an empty text; a content of "" stays a text."""
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": ASK}], **fields}
+    paths = ("/v1/messages", "/v1/messages/count_tokens") if "messages" in fields else ("/v1/messages",)
+    for path in paths:
+        reply = httpx.post(server.url + path, json=body, headers={"x-api-key": KEY})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, "invalid_value")
+        assert "empty" in error["message"] and "\n" not in error["message"]
+    if "messages" in fields:
+        body["messages"] = [{**m, "content": ""} if m["content"] == [] else m for m in fields["messages"]]
+        assert httpx.post(server.url + "/v1/messages", json=body, headers={"x-api-key": KEY}).status_code == 200

@@ -366,3 +366,17 @@ def test_what_the_server_does_not_implement_is_a_400_naming_the_field(server, fi
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and "\n" not in error["message"] and "max_completion_tokens" not in error["message"]
+
+
+def test_an_empty_content_array_is_a_400_naming_the_item(server):
+    """A message item of no parts was read as an empty text (OpenAI refuses it); a content of "" stays a text."""
+    items = [{"type": "message", "role": "user", "content": ASK}, {"type": "message", "role": "user", "content": []}]
+    reply = httpx.post(server.url + "/v1/responses", json={"model": MODEL, "input": items, "max_output_tokens": 2})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "input.1.content",
+                                                              "invalid_value")
+    assert "empty" in error["message"] and "\n" not in error["message"]
+    items[1]["content"] = ""
+    reply = httpx.post(server.url + "/v1/responses", json={"model": MODEL, "input": items, "max_output_tokens": 2})
+    assert reply.status_code == 200, reply.text

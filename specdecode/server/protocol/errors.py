@@ -32,6 +32,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def empty_content(param: str, parts: str) -> APIError:
+    """A message's content array of no parts (`parts`: what the API calls them): OpenAI refuses it, where it was
+    read as an empty text. A content of "" stays an empty text."""
+    return APIError(400, f"{param} is an empty array: a message's content needs at least one {parts} (or a string)",
+                    param=param, code="invalid_value")
+
+
 def from_validation(error: ValidationError) -> APIError:
     """The first pydantic error as one readable line; malformed JSON is its own case."""
     first = error.errors(include_url=False)[0]

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from specdecode.server.protocol import schemas as s
 from specdecode.server.protocol.as_chat import AsChat, read_part, usage_extensions
-from specdecode.server.protocol.errors import APIError, shown
+from specdecode.server.protocol.errors import APIError, empty_content, shown
 from specdecode.server.protocol.replies import collect, usage
 from specdecode.server.protocol.tools import Call, CallReader, Reading, read_pieces
 from specdecode.server.scheduling.scheduler import Finished, PromptLogprobs, TextDelta, Ticket
@@ -68,6 +68,8 @@ class Message(s.RequestBody):
     def blocks(self, where: str) -> list[Block]:
         if isinstance(self.content, str):
             return [TextBlock(type="text", text=self.content)]
+        if not self.content:
+            raise empty_content(f"{where}.content", "content block")
         return [_block(raw, f"{where}.content.{i}") for i, raw in enumerate(self.content)]
 
 

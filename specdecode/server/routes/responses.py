@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr
 from specdecode.config import MAX_TOP_LOGPROBS
 from specdecode.server.protocol import schemas as s
 from specdecode.server.protocol.as_chat import AsChat, read_part, usage_extensions
-from specdecode.server.protocol.errors import APIError, shown
+from specdecode.server.protocol.errors import APIError, empty_content, shown
 from specdecode.server.protocol.logprobs import TokenText, chat_logprobs
 from specdecode.server.protocol.replies import collect, usage
 from specdecode.server.protocol.tools import Call, CallReader, Reading, read_pieces
@@ -250,7 +250,10 @@ def read_item(raw: dict[str, Any], where: str) -> InputMessage | FunctionCallIte
     if not isinstance(kind, str | None) or kind not in _ITEMS:
         raise APIError(400, f"input items of type {shown(kind)} are not supported here (messages, function_call, "
                             "function_call_output and item_reference are)", param=f"{where}.type", code="unsupported")
-    return read_part(_ITEMS[kind], raw, where)  # type: ignore[return-value]
+    item = read_part(_ITEMS[kind], raw, where)
+    if isinstance(item, InputMessage) and item.content == []:
+        raise empty_content(f"{where}.content", "text part")
+    return item  # type: ignore[return-value]
 
 
 # the chat request's fields as the Responses request names them, for a 400 about one of them
