@@ -1,6 +1,8 @@
 """Quantized linear layers (backends/cpu/): the kernel against a float reference of the same integer arithmetic, row
 independence (what makes speculation over a quantized target lossless), packing a model, the GGUF-derived
 formats and the weight choices."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -298,6 +300,19 @@ def test_packed_layers_trace_under_torch_compile():
     with FakeTensorMode(allow_non_fake_inputs=True):
         out = layer(torch.empty(5, 64))
     assert out.shape == (5, 16) and out.dtype == torch.float32
+
+
+def test_a_packed_layer_compiles_without_tracing_the_kernel_lookups():
+    """torch.compile traces the operator's call alone (the variant is the layer's, chosen at load): through
+    native.py's cached lookups Dynamo warned for each of them on every `generate --compile`."""
+    layer = PackedLinear(_linear(16, 64, seed=2), "q8")
+    x = torch.randn(3, 64)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(layer, backend="eager", fullgraph=True)(x)
+    assert not [str(w.message) for w in caught if "lru_cache" in str(w.message)]
+    torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
 
 
 def test_pack_model_by_path_packs_only_what_the_formats_name():

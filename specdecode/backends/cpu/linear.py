@@ -78,6 +78,7 @@ class PackedLinear(nn.Module):
             self.m = None
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(),
                                                                   requires_grad=False)
+        self.variant = native.variant_index()  # the kernels this CPU runs, chosen once (forward)
 
     @classmethod
     def from_packed(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
@@ -95,6 +96,7 @@ class PackedLinear(nn.Module):
         else:
             layer.m = None
         layer.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        layer.variant = native.variant_index()
         return layer
 
     def splits(self, sizes: tuple[int, ...]) -> bool:
@@ -131,7 +133,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         # x: [..., K] -> [..., N]; threads: 0 = torch's setting
         flat = x.reshape(-1, self.in_features)
-        out = packed_matmul(flat, self.codes, self.d, self.m, threads)  # a torch operator: torch.compile traces it
+        # the operator itself (native.ops() loaded it, and the variant is this layer's): torch.compile traces the
+        # call, where through packed_matmul it traced native.py's cached lookups too, with a warning for each
+        out = torch.ops.specdecode_native.packed_matmul(flat, self.codes, self.d, self.m, threads, self.variant)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
