@@ -188,8 +188,8 @@ class EngineReplica:
         torch.set_num_threads(threads)
         self.service = build()
         self.service.scheduler.start()  # the app's lifespan does this in the plain server; ASGI calls here skip it
-        freeze_heap()  # a replica is a process of its own: what it loaded stays out of the collector's walk
         self.app = create_app(self.service)
+        freeze_heap()  # a replica is a process of its own: what it loaded stays out of the collector's walk
         context = serve.get_replica_context()
         self.rank = context.rank.rank if context.rank is not None else 0
         self.replica_id = context.replica_id.unique_id

@@ -133,8 +133,8 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor, threads: int = 0) -> torch.Tensor:
         # x: [..., K] -> [..., N]; threads: 0 = torch's setting
         flat = x.reshape(-1, self.in_features)
-        # the operator itself (native.ops() loaded it, and the variant is this layer's): torch.compile traces the
-        # call, where through packed_matmul it traced native.py's cached lookups too, with a warning for each
+        # the operator itself (native.ops() loaded it; the variant is this layer's), so torch.compile traces this
+        # call alone: packed_matmul's cached lookups (native.ops, variant_index) would be traced too, each warned of
         out = torch.ops.specdecode_native.packed_matmul(flat, self.codes, self.d, self.m, threads, self.variant)
         if self.bias is not None:
             out = out + self.bias
